@@ -1,0 +1,31 @@
+"""Command-line entry: each subcommand lives in engine/commands/<name>.py with add_parser() and run()."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .config import ConfigError
+
+# One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
+COMMANDS = ("info", "tokenizer")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="DeepSeek-V4.1 engine and inspector")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f".commands.{name}", __package__)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
