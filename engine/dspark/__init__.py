@@ -1,0 +1,1 @@
+"""DSpark speculative decoding: drafter scheduling and lossless verification (spec §7–§8)."""
