@@ -1,0 +1,376 @@
+"""Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, tokens, DSpark)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+# Fields each kind of per-token × layer fact carries, in the order the model passes them.
+FACT_FIELDS: dict[str, tuple[str, ...]] = {
+    "moe": ("ids", "weights", "scores", "vision"),
+    "mhc": ("pre", "post", "comb", "row_err", "col_err"),
+    "engram": ("compressed_ids", "row_ids", "gates"),
+    "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
+}
+FACT_KINDS = tuple(FACT_FIELDS)
+MHC_SITES = ("attn", "ffn")
+
+
+@dataclass(frozen=True)
+class TraceBudget:
+    """What a Trace keeps. Facts beyond the budget are counted in `Trace.omitted`, never stored.
+
+    max_tokens: distinct (row, position) token slots that get per-layer facts (first come, first kept;
+    rollback frees slots). None = unbounded. layers: None = every layer, else the dotted paths (or backbone
+    layer numbers) to keep. attention: False, True (every layer) or a set of paths. top_k_logits: per
+    generated token, how many of the highest logits to keep.
+    """
+    max_tokens: int | None = 2048
+    layers: frozenset[str] | None = None
+    attention: bool | frozenset[str] = False
+    top_k_logits: int = 5
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+            raise ValueError(f"TraceBudget.max_tokens must be a non-negative integer or None, got {self.max_tokens!r}")
+        if not isinstance(self.top_k_logits, int) or self.top_k_logits < 0:
+            raise ValueError(f"TraceBudget.top_k_logits must be a non-negative integer, got {self.top_k_logits!r}")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", frozenset(_as_path(x) for x in self.layers))
+        if not isinstance(self.attention, bool):
+            object.__setattr__(self, "attention", frozenset(_as_path(x) for x in self.attention))
+
+    def keeps_layer(self, path: str) -> bool:
+        return self.layers is None or path in self.layers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens,
+                "layers": None if self.layers is None else sorted(self.layers, key=path_order),
+                "attention": self.attention if isinstance(self.attention, bool)
+                else sorted(self.attention, key=path_order),
+                "top_k_logits": self.top_k_logits}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TraceBudget":
+        attention = d.get("attention", False)
+        return cls(max_tokens=d.get("max_tokens"), layers=None if d.get("layers") is None else d["layers"],
+                   attention=attention if isinstance(attention, bool) else frozenset(attention),
+                   top_k_logits=d.get("top_k_logits", 5))
+
+
+@dataclass
+class TokenRecord:
+    """One token of a row: a prompt token (generated=False) or a generated one with its top-k logits."""
+    row: int
+    pos: int
+    token_id: int
+    text: str
+    generated: bool
+    step: int = -1                  # decode step that produced it (-1 for prompt tokens)
+    step_time_s: float = math.nan   # wall time of the forward that produced it
+    top_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    top_logits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    top_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenRecord) and _records_equal(vars(self), vars(other))
+
+
+@dataclass
+class DSparkStep:
+    """One speculative step of a row: what was drafted from the anchor, what the verifier kept."""
+    row: int
+    step: int
+    anchor_pos: int                 # position of the last committed token the drafts follow
+    anchor_token: int
+    drafted: np.ndarray             # [n] int64 draft token ids
+    draft_probs: np.ndarray         # [n] float32 q(x_i) under the drafter
+    confidences: np.ndarray         # [g] float32 calibrated confidence per draft slot
+    survival: np.ndarray            # [g] float32 running product of confidences
+    verify_len: int                 # drafts the scheduler sent to verification
+    accepted: int                   # drafts the verifier accepted
+    next_token: int                 # replacement (after a rejection) or bonus token (all accepted)
+    next_kind: str                  # "replacement" | "bonus"
+    time_s: float
+
+    def __post_init__(self) -> None:
+        if self.next_kind not in ("replacement", "bonus"):
+            raise ValueError(f"DSparkStep.next_kind must be 'replacement' or 'bonus', got {self.next_kind!r}")
+        if not 0 <= self.accepted <= self.verify_len <= len(self.drafted):
+            raise ValueError(f"DSparkStep needs 0 <= accepted ({self.accepted}) <= verify_len ({self.verify_len})"
+                             f" <= drafted ({len(self.drafted)})")
+        self.drafted = np.asarray(self.drafted, np.int64).reshape(-1)
+        for name in ("draft_probs", "confidences", "survival"):
+            setattr(self, name, np.asarray(getattr(self, name), np.float32).reshape(-1))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DSparkStep) and _records_equal(vars(self), vars(other))
+
+
+class Trace:
+    """Records facts during forward/generate. Pass it explicitly; with no trace nothing is recorded."""
+
+    def __init__(self, budget: TraceBudget | None = None, meta: dict[str, Any] | None = None):
+        self.budget = budget or TraceBudget()
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.omitted: Counter[str] = Counter()
+        # row -> pos -> (kind, path, site) -> field arrays (in FACT_FIELDS order)
+        self._facts: dict[int, dict[int, dict[tuple[str, str, str], tuple[np.ndarray, ...]]]] = {}
+        self._n_token_slots = 0
+        self._tokens: dict[int, dict[int, TokenRecord]] = {}
+        self.dspark_steps: list[DSparkStep] = []
+
+    # ---- what the model calls -------------------------------------------------------------
+    def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
+        ids = _np(ids, np.int64)
+        vision = np.zeros(ids.shape[:2], bool) if vision is None else _np(vision, bool)
+        self._record("moe", path, "", rows, positions, (ids, _np(weights), _np(scores), vision))
+
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
+        if site not in MHC_SITES:
+            raise ValueError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
+        self._record("mhc", path, site, rows, positions,
+                     (_np(pre), _np(post), _np(comb), _np(row_err), _np(col_err)))
+
+    def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
+        self._record("engram", path, "", rows, positions,
+                     (_np(compressed_ids, np.int64), _np(row_ids, np.int64), _np(gates)))
+
+    def wants_attention(self, path: str) -> bool:
+        a = self.budget.attention
+        return (a if isinstance(a, bool) else path in a) and self.budget.keeps_layer(path)
+
+    def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
+        if not self.wants_attention(path):
+            return
+        self._record("attention", path, "", rows, positions, (_np(topk, np.int64), _np(window_mass),
+                                                             _np(compressed_mass), _np(sink_mass)))
+
+    # ---- what generation calls ------------------------------------------------------------
+    def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
+        for i, (tid, text) in enumerate(zip(token_ids, texts, strict=True)):
+            self._tokens.setdefault(row, {})[start_pos + i] = TokenRecord(row, start_pos + i, int(tid), text, False)
+
+    def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
+                     logits=None) -> None:
+        """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k."""
+        rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
+        k = self.budget.top_k_logits
+        if logits is not None and k > 0:
+            import torch  # only generation passes tensors here
+            lf = logits.detach().float().reshape(-1)
+            top = torch.topk(lf, min(k, lf.numel()))
+            rec.top_ids = top.indices.cpu().numpy().astype(np.int64)
+            rec.top_logits = top.values.cpu().numpy().astype(np.float32)
+            rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
+        self._tokens.setdefault(rec.row, {})[rec.pos] = rec
+
+    def record_dspark_step(self, step: DSparkStep) -> None:
+        self.dspark_steps.append(step)
+
+    def rollback(self, row: int, pos: int) -> None:
+        """Forget every record of `row` at positions >= pos (rejected speculative tokens)."""
+        facts = self._facts.get(row, {})
+        for p in [p for p in facts if p >= pos]:
+            del facts[p]
+            self._n_token_slots -= 1
+        tokens = self._tokens.get(row, {})
+        for p in [p for p in tokens if p >= pos]:
+            del tokens[p]
+        self.dspark_steps = [s for s in self.dspark_steps if s.row != row or s.anchor_pos < pos]
+
+    # ---- accessors ------------------------------------------------------------------------
+    def rows(self) -> list[int]:
+        return sorted(set(self._facts) | set(self._tokens) | {s.row for s in self.dspark_steps})
+
+    def tokens(self, row: int = 0) -> list[TokenRecord]:
+        """The row's prompt and generated tokens in position order."""
+        return [rec for _, rec in sorted(self._tokens.get(row, {}).items())]
+
+    def paths(self, kind: str) -> list[str]:
+        found = {key[1] for by_pos in self._facts.values() for f in by_pos.values() for key in f if key[0] == kind}
+        return sorted(found, key=path_order)
+
+    def fact(self, kind: str, path: str, row: int, pos: int, site: str = "") -> dict[str, np.ndarray] | None:
+        """One record as {field: array}, or None when it was not recorded."""
+        values = self._facts.get(row, {}).get(pos, {}).get((kind, path, site))
+        return None if values is None else dict(zip(FACT_FIELDS[kind], values))
+
+    def facts(self, kind: str):
+        """Every record of a kind, ordered by (path depth, site, row, pos): (path, site, row, pos, fields)."""
+        out = [(key[1], key[2], row, pos, values) for row, by_pos in self._facts.items()
+               for pos, f in by_pos.items() for key, values in f.items() if key[0] == kind]
+        out.sort(key=lambda r: (path_order(r[0]), r[1], r[2], r[3]))
+        return out
+
+    def mhc_matrix(self, path: str, site: str, row: int, pos: int) -> np.ndarray:
+        rec = self.fact("mhc", path, row, pos, site)
+        if rec is None:
+            raise KeyError(f"no mHC record for {path} {site} at row {row}, position {pos}")
+        return rec["comb"]
+
+    def mhc_composite(self, row: int, pos: int, upto: str | None = None) -> tuple[np.ndarray, float]:
+        """Product of the recorded backbone mHC matrices in depth order, and its max gain.
+
+        Each matrix C maps source stream a to destination b (X'_b = Σ_a C[a,b] X_a), so the residual path
+        through seams 1..n is C_1 @ C_2 @ ... @ C_n in the same [source, dest] layout. The gain is the
+        largest absolute row or column sum: 1 for a doubly stochastic product, larger when streams amplify.
+        """
+        seams = [(p, s) for p in self.paths("mhc") if p.startswith("layers.") for s in MHC_SITES]
+        if upto is not None:
+            seams = [(p, s) for p, s in seams if path_order(p) <= path_order(upto)]
+        product = None
+        for p, s in seams:
+            rec = self.fact("mhc", p, row, pos, s)
+            if rec is None:
+                continue
+            c = rec["comb"].astype(np.float64)
+            product = c if product is None else product @ c
+        if product is None:
+            raise KeyError(f"no mHC records at row {row}, position {pos}")
+        gain = float(max(np.abs(product).sum(0).max(), np.abs(product).sum(1).max()))
+        return product, gain
+
+    def expert_load(self, path: str, n_experts: int | None = None) -> np.ndarray:
+        """How many recorded tokens routed to each expert of a layer (counts over the kept tokens)."""
+        ids = [values[0] for p, _, _, _, values in self.facts("moe") if p == path]
+        flat = np.concatenate([i.reshape(-1) for i in ids]) if ids else np.zeros(0, np.int64)
+        size = n_experts if n_experts is not None else (int(flat.max()) + 1 if flat.size else 0)
+        return np.bincount(flat, minlength=size).astype(np.int64)
+
+    def moe_table(self) -> dict[str, np.ndarray]:
+        from .trace_tables import moe_table
+        return moe_table(self)
+
+    def table(self, name: str) -> dict[str, np.ndarray]:
+        """Columnar, pandas-ready table: moe, mhc, engram, attention, tokens or dspark."""
+        from .trace_tables import build_tables
+        return build_tables(self, only=name)[0][name]
+
+    def summary(self) -> dict[str, Any]:
+        counts = Counter(key[0] for by_pos in self._facts.values() for f in by_pos.values() for key in f)
+        return {"rows": self.rows(), "token_slots": self._n_token_slots, "records": dict(counts),
+                "tokens": sum(len(t) for t in self._tokens.values()), "dspark_steps": len(self.dspark_steps),
+                "omitted": dict(self.omitted)}
+
+    # ---- persistence ----------------------------------------------------------------------
+    def save(self, path) -> None:
+        from .trace_io import save_trace
+        save_trace(self, path)
+
+    @staticmethod
+    def load(path) -> "Trace":
+        from .trace_io import load_trace
+        return load_trace(path)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        if (self.budget, self.meta, +self.omitted, self.dspark_steps) != \
+                (other.budget, other.meta, +other.omitted, other.dspark_steps):
+            return False
+        if _nonempty(self._tokens) != _nonempty(other._tokens):
+            return False
+        mine, theirs = _nonempty(self._facts), _nonempty(other._facts)
+        if mine.keys() != theirs.keys():
+            return False
+        for row, by_pos in mine.items():
+            if by_pos.keys() != theirs[row].keys():
+                return False
+            for pos, f in by_pos.items():
+                g = theirs[row][pos]
+                if f.keys() != g.keys() or not all(_tuples_equal(f[k], g[k]) for k in f):
+                    return False
+        return True
+
+    # ---- internals ------------------------------------------------------------------------
+    def _admit(self, row: int, pos: int) -> bool:
+        by_pos = self._facts.setdefault(row, {})
+        if pos in by_pos:
+            return True
+        if self.budget.max_tokens is not None and self._n_token_slots >= self.budget.max_tokens:
+            return False
+        by_pos[pos] = {}
+        self._n_token_slots += 1
+        return True
+
+    def _record(self, kind: str, path: str, site: str, rows, positions, arrays: tuple[np.ndarray, ...]) -> None:
+        positions = _np(positions, np.int64)
+        if positions.ndim != 2:
+            raise ValueError(f"record_{kind}({path}): positions must be [B, S], got shape {positions.shape}")
+        b, s = positions.shape
+        rows = np.arange(b, dtype=np.int64) if rows is None else _np(rows, np.int64).reshape(-1)
+        if rows.shape != (b,):
+            raise ValueError(f"record_{kind}({path}): rows must be [B={b}], got shape {rows.shape}")
+        for name, a in zip(FACT_FIELDS[kind], arrays):
+            if a.shape[:2] != (b, s):
+                raise ValueError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
+        if not self.budget.keeps_layer(path):
+            self.omitted[kind] += b * s
+            return
+        key = (kind, path, site)
+        for i in range(b):
+            row = int(rows[i])
+            for j in range(s):
+                pos = int(positions[i, j])
+                if self._admit(row, pos):
+                    self._facts[row][pos][key] = tuple(a[i, j] for a in arrays)
+                else:
+                    self.omitted[kind] += 1
+
+    def _insert(self, kind: str, path: str, site: str, row: int, pos: int, values: tuple[np.ndarray, ...]) -> None:
+        """Put one stored record back (loading); bypasses the budget because the saved trace honoured it."""
+        by_pos = self._facts.setdefault(row, {})
+        if pos not in by_pos:
+            by_pos[pos] = {}
+            self._n_token_slots += 1
+        by_pos[pos][(kind, path, site)] = values
+
+
+def path_order(path: str) -> tuple[int, int, str]:
+    """Sort key for dotted paths: backbone layers by number, then draft stages, then anything else."""
+    head, _, rest = path.partition(".")
+    num, _, tail = rest.partition(".")
+    group = {"layers": 0, "mtp": 1}.get(head, 2)
+    return (group, int(num) if num.isdigit() else -1, path if group == 2 else tail)
+
+
+def _as_path(x: int | str) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, str)):
+        raise ValueError(f"TraceBudget: a layer must be a number or a dotted path like 'layers.3', got {x!r}")
+    return f"layers.{x}" if isinstance(x, int) else x
+
+
+def _np(t, dtype=np.float32) -> np.ndarray:
+    """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype`."""
+    if hasattr(t, "detach"):
+        t = t.detach()
+        # bf16/fp16 have no numpy dtype; fp32 holds them exactly. copy=True: the model may reuse the buffer.
+        import torch
+        target = {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
+        return t.to(device="cpu", dtype=target, copy=True).numpy()
+    return np.array(t, dtype=dtype)
+
+
+def _arrays_equal(a, b) -> bool:
+    if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _tuples_equal(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(_arrays_equal(x, y) for x, y in zip(a, b))
+
+
+def _records_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(_arrays_equal(a[k], b[k]) for k in a)
+
+
+def _nonempty(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v}
