@@ -1,0 +1,22 @@
+"""RMSNorm (spec §3.1) and the compute-dtype rule shared by the model's numerics."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for bf16/fp16/fp32 tensors; float64 stays float64 (used by the exactness tests)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype=None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = upcast(x)
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return (upcast(self.weight) * y).to(x.dtype)  # weight multiply in fp32, then back

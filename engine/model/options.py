@@ -1,0 +1,31 @@
+"""EngineOptions: named switches for the forward pass; every deviation from the reference is off by default."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    # Spec §5 "SWA bounded replay": in a prefill longer than the window, layers after the last KV
+    # source run only over the final window_size tokens. An approximation; off = exact reference.
+    bounded_replay: bool = False
+    # Quant-dequant of cached activations as the reference does: FP8 (block 32, ue8m0) on window KV,
+    # FP4 on compressed KV (block 16, e4m3 scales) and on indexer q/k (block 32, ue8m0). Off for training.
+    quant_sim: bool = True
+    # FP8 quant-dequant of the inputs of linears whose official weights are FP8/FP4 (the reference's
+    # dynamic activation quantization). None = follow the config's `dtype`/`expert_dtype`.
+    act_quant: bool | None = None
+    # Extra window-ring slots kept so that up to this many tokens can be rolled back exactly.
+    # None = 2 * (dspark_block_size + 1), at least 8.
+    rollback_margin: int | None = None
+    # Queries processed per block inside sparse attention (bounds the gathered-KV memory in prefill).
+    attn_query_block: int = 256
+
+    def margin_for(self, dspark_block_size: int) -> int:
+        need = max(2 * (dspark_block_size + 1), 8)
+        if self.rollback_margin is None:
+            return need
+        if self.rollback_margin < 2 * (dspark_block_size + 1):
+            raise ValueError(f"EngineOptions.rollback_margin={self.rollback_margin} is too small: draft "
+                             f"verification needs at least 2*(dspark_block_size+1) = {2 * (dspark_block_size + 1)}")
+        return self.rollback_margin

@@ -1,0 +1,67 @@
+"""FP8 / FP4 quant-dequant emulation of the reference kernels (spec §3.2–3.3), elementwise per block."""
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0
+FP4_MAX = 6.0
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Midpoints between consecutive E2M1 magnitudes; at an exact tie round-to-nearest-even goes up only
+# where the upper code is even (0.75 → 1, 1.75 → 2, 3.5 → 4).
+E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E2M1_TIE_UP = (False, True, False, True, False, True, False)
+
+
+def pow2_scale(amax: torch.Tensor, max_value: float) -> torch.Tensor:
+    """2^ceil(log2(amax / max_value)) via the IEEE bit trick of the kernel (exponent + (mantissa != 0))."""
+    x = (amax.float() * torch.tensor(1.0 / max_value, dtype=torch.float32)).contiguous()
+    bits = x.view(torch.int32)
+    log2_ceil = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return ((log2_ceil + 127) << 23).view(torch.float32)
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest float8 e4m3 value (ties to even), saturating at ±448; same dtype out."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def round_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """v in [-6, 6] → nearest E2M1 value (ties to even code), sign (and −0) preserved."""
+    mids = torch.tensor(E2M1_MIDS, dtype=v.dtype, device=v.device)
+    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
+    tie_up = torch.tensor(E2M1_TIE_UP, device=v.device)
+    mag = v.abs()
+    below = torch.bucketize(mag, mids, right=False)   # number of midpoints strictly below mag
+    upto = torch.bucketize(mag, mids, right=True)     # number of midpoints ≤ mag
+    on_tie = upto > below
+    code = below + (on_tie & tie_up[below.clamp(max=len(E2M1_MIDS) - 1)]).long()
+    return torch.copysign(grid[code], v)
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.size(-1) % block:
+        raise ValueError(f"quantization block {block} does not divide the last dimension {x.size(-1)}")
+    xf = x if x.dtype == torch.float64 else x.float()
+    return xf.unflatten(-1, (-1, block))  # [..., n_blocks, block]
+
+
+def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """act_quant 'inplace' semantics: per block of 32, scale = pow2 ≥ amax/448, e4m3 round, times scale."""
+    xg = _blocks(x, block)
+    amax = xg.abs().amax(-1).clamp_min(1e-4)
+    s = pow2_scale(amax, FP8_MAX).to(xg.dtype).unsqueeze(-1)
+    return (to_e4m3(xg / s) * s).flatten(-2).to(x.dtype)
+
+
+def fp4_qdq(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
+    """fp4_act_quant 'inplace' semantics. scale='ue8m0' (indexer q/k, block 32) or 'e4m3' (compressed KV, block 16)."""
+    xg = _blocks(x, block)
+    amax = xg.abs().amax(-1)
+    if scale == "e4m3":
+        s = to_e4m3(amax.float().clamp_min(6 * 2.0**-9) / FP4_MAX)  # scale itself rounded to e4m3
+    elif scale == "ue8m0":
+        s = pow2_scale(amax.clamp_min(6 * 2.0**-126), FP4_MAX)
+    else:
+        raise ValueError(f"unknown FP4 scale format {scale!r}; expected 'ue8m0' or 'e4m3'")
+    s = s.to(xg.dtype).unsqueeze(-1)
+    return (round_e2m1((xg / s).clamp(-FP4_MAX, FP4_MAX)) * s).flatten(-2).to(x.dtype)
