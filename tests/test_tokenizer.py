@@ -156,5 +156,5 @@ def test_cli_decode_and_its_errors(capsys, tok):
         run_cli(capsys, "--ids", "1 129280")
     with pytest.raises(ValueError, match="must be integers"):
         run_cli(capsys, "--ids", "1,x")
-    with pytest.raises(ValueError, match="only applies"):
+    with pytest.raises(ValueError, match="only apply"):
         run_cli(capsys, "--rebuild")

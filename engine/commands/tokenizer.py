@@ -15,19 +15,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--engram-map", action="store_true",
                       help="load (or build) the Engram compressed-token map and print its sizes and timing")
     parser.add_argument("--rebuild", action="store_true", help="with --engram-map: ignore the caches, time a cold build")
+    parser.add_argument("--cache-dir", help="with --engram-map: where the map is cached (default: <repo>/.cache)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..tokenizer import load_tokenizer
 
-    if args.rebuild and not args.engram_map:
-        raise ValueError("--rebuild only applies with --engram-map")
+    if (args.rebuild or args.cache_dir) and not args.engram_map:
+        raise ValueError("--rebuild and --cache-dir only apply with --engram-map")
     t0 = time.perf_counter()
     tok = load_tokenizer()
     load_s = time.perf_counter() - t0
     if args.engram_map:
-        report = _engram_map_report(tok, args.rebuild)
+        report = _engram_map_report(tok, args.rebuild, args.cache_dir)
     elif args.text is not None:
         ids = tok.encode(args.text)
         report = {"text": args.text, "n_tokens": len(ids), "ids": ids, "tokens": [tok.token_text(i) for i in ids]}
@@ -42,10 +43,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engram_map_report(tok, rebuild: bool) -> dict:
+def _engram_map_report(tok, rebuild: bool, cache_dir: str | None) -> dict:
     from ..engram_map import load_token_map_report
 
-    loaded = load_token_map_report(tok, rebuild=rebuild)
+    loaded = load_token_map_report(tok, cache_dir=cache_dir, rebuild=rebuild)
     return {"vocab_size": tok.vocab_size, "compressed_vocab_size": loaded.compressed_vocab_size,
             "source": loaded.source, "seconds": round(loaded.seconds, 3),
             "cache": str(loaded.cache_path) if loaded.cache_path else None}
