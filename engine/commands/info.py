@@ -21,9 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_config(spec: str) -> ModelArgs:
     """A path to a config file, or the stem of a preset in configs/."""
     path = Path(spec)
-    if path.is_file():
-        return load_config(path)
     presets = list_presets()
+    if path.is_file() or (spec not in presets and (path.suffix == ".json" or "/" in spec)):
+        return load_config(path)  # a missing path raises ConfigError "cannot read config (...)"
     if spec in presets:
         return load_config(presets[spec])
     raise ConfigError(f"'{spec}' is neither a config file nor a preset; presets: {', '.join(presets)}")
