@@ -37,15 +37,24 @@ def compression_normalizer():
     ])
 
 
+def decoded_vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """What each id decodes to alone (raw Rust decoder, special tokens kept), in id order."""
+    ids = [[i] for i in range(tokenizer.full_vocab_size)]
+    return tokenizer.backend.decode_batch(ids, skip_special_tokens=False)
+
+
 def token_keys(tokenizer: Tokenizer, normalize: Callable[[str], str] | None = None,
-               raw_for_partial_bytes: bool = True) -> list[str]:
+               raw_for_partial_bytes: bool = True, texts: list[str] | None = None) -> list[str]:
     """The compression key of every tokenizer id, in id order (full vocabulary, not an id_map subset).
 
-    `normalize` and `raw_for_partial_bytes` exist so tests can show that each rule of §4.4.1 matters.
+    `normalize` and `raw_for_partial_bytes` exist so tests can show that each rule of §4.4.1 matters;
+    `texts` reuses a decoded_vocabulary() already at hand.
     """
     normalize = normalize or compression_normalizer().normalize_str
     backend = tokenizer.backend
-    texts = backend.decode_batch([[i] for i in range(tokenizer.full_vocab_size)], skip_special_tokens=False)
+    texts = decoded_vocabulary(tokenizer) if texts is None else texts
+    if len(texts) != tokenizer.full_vocab_size:
+        raise ValueError(f"texts has {len(texts)} entries for {tokenizer.full_vocab_size} token ids")
     keys = []
     for token_id, text in enumerate(texts):
         if raw_for_partial_bytes and REPLACEMENT_CHAR in text:

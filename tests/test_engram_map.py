@@ -30,8 +30,18 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def token_map(tok, cache_dir):
-    return engram_map.load_token_map(tok, cache_dir=cache_dir)
+def texts(tok):
+    return engram_map.decoded_vocabulary(tok)
+
+
+@pytest.fixture(scope="module")
+def keys(tok, texts):
+    return engram_map.token_keys(tok, texts=texts)
+
+
+@pytest.fixture(scope="module")
+def token_map(keys):
+    return engram_map.number_by_first_appearance(keys)
 
 
 def python_key(strip_marks=("Mn", "Mc", "Me"), strip=lambda s: s.strip(RUST_WHITESPACE)):
@@ -53,23 +63,20 @@ def test_full_vocabulary_compresses_to_99092(token_map):
     assert np.all(np.diff(running_max) <= 1) and running_max[-1] == 99_091
 
 
-def test_independent_python_rebuild_matches_elementwise(tok, token_map):
-    rebuilt = engram_map.number_by_first_appearance(engram_map.token_keys(tok, normalize=python_key()))
+def test_independent_python_rebuild_matches_elementwise(tok, texts, token_map):
+    rebuilt = engram_map.number_by_first_appearance(engram_map.token_keys(tok, normalize=python_key(), texts=texts))
     np.testing.assert_array_equal(rebuilt, token_map)
 
 
-def test_near_miss_variants_give_the_spec_counts(tok):
+def test_near_miss_variants_give_the_spec_counts(tok, texts):
     # spec §13 oracles: each rule matters, and these variants land on the documented wrong counts
-    no_fffd_rule = engram_map.token_keys(tok, raw_for_partial_bytes=False)
+    no_fffd_rule = engram_map.token_keys(tok, raw_for_partial_bytes=False, texts=texts)
     assert len(set(no_fffd_rule)) == 97_940
     mn_only_python_strip = python_key(strip_marks=("Mn",), strip=str.strip)
-    keys = engram_map.token_keys(tok, normalize=mn_only_python_strip)
-    assert len(set(keys)) == 99_510
+    assert len(set(engram_map.token_keys(tok, normalize=mn_only_python_strip, texts=texts))) == 99_510
 
 
-def test_partial_byte_tokens_are_keyed_by_their_raw_string(tok):
-    keys = engram_map.token_keys(tok)
-    texts = tok.backend.decode_batch([[i] for i in range(tok.full_vocab_size)], skip_special_tokens=False)
+def test_partial_byte_tokens_are_keyed_by_their_raw_string(tok, texts, keys):
     partial = [i for i, t in enumerate(texts) if "\ufffd" in t]
     assert len(partial) == 1_484
     assert all(keys[i] == tok.id_to_token(i) for i in partial)
@@ -93,7 +100,7 @@ def test_tokens_that_differ_only_in_case_accent_or_space_share_an_id(tok, token_
     assert token_map[single(" the")] != token_map[single(" a")]
 
 
-def test_disk_cache_round_trip_memory_cache_and_corrupt_cache(tok, tmp_path):
+def test_disk_cache_round_trip_memory_cache_and_corrupt_cache(tok, tmp_path, token_map):
     path = engram_map.cache_path_for(tok, tmp_path)
     np.save(path, np.zeros(10, dtype=np.int64))  # a stale or corrupt cache file is rebuilt, not trusted
     first = engram_map.load_token_map_report(tok, cache_dir=tmp_path)
@@ -103,7 +110,7 @@ def test_disk_cache_round_trip_memory_cache_and_corrupt_cache(tok, tmp_path):
     engram_map._MEMORY.pop(first.cache_path)
     second = engram_map.load_token_map_report(tok, cache_dir=tmp_path)
     assert second.source == "disk"
-    np.testing.assert_array_equal(second.token_map, first.token_map)
+    np.testing.assert_array_equal(second.token_map, token_map)
     assert not second.token_map.flags.writeable
     assert np.load(first.cache_path, allow_pickle=False).dtype == np.int64
 
@@ -111,7 +118,7 @@ def test_disk_cache_round_trip_memory_cache_and_corrupt_cache(tok, tmp_path):
 
 def test_lookup_checks_the_config(tok, token_map, cache_dir):
     args = load_config(V41)
-    assert engram_map.lookup(args, tok, cache_dir=cache_dir).shape == (129_280,)
+    np.testing.assert_array_equal(engram_map.lookup(args, tok, cache_dir=cache_dir), token_map)
     with pytest.raises(ValueError, match="99092 Engram ids but the config's engram_compressed_vocab_size is 99000"):
         engram_map.lookup(args.replace(engram_compressed_vocab_size=99000), tok, cache_dir=cache_dir)
     with pytest.raises(ValueError, match="vocab_size is 129000"):
@@ -125,11 +132,11 @@ def run_cli(capsys, *argv):
     return code, capsys.readouterr().out
 
 
-def test_cli_engram_map_reports_sizes_and_cache(capsys, cache_dir, token_map):
+def test_cli_engram_map_reports_sizes_and_cache(capsys, cache_dir):
+    code, out = run_cli(capsys, "--engram-map", "--cache-dir", str(cache_dir), "--rebuild")
+    assert code == 0 and "vocabulary size      129,280" in out and "Engram compressed    99,092" in out
+    assert "built (cold) in" in out
     code, out = run_cli(capsys, "--engram-map", "--cache-dir", str(cache_dir), "--json")
     report = json.loads(out)
     assert code == 0 and report["vocab_size"] == 129_280 and report["compressed_vocab_size"] == 99_092
     assert report["source"] == "memory" and report["cache"].startswith(str(cache_dir))
-    code, out = run_cli(capsys, "--engram-map", "--cache-dir", str(cache_dir), "--rebuild")
-    assert "vocabulary size      129,280" in out and "Engram compressed    99,092" in out
-    assert "built (cold) in" in out
