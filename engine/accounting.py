@@ -237,8 +237,9 @@ def account(args: "ModelArgs") -> Accounting:
         f"prefill with CED bounded replay: an average prompt token runs layers 0-{last}; layers "
         f"{last + 1}-{a.n_layers - 1} run only on the last <= {a.window_size} prompt tokens (spec §5)"
         if last < a.n_layers - 1 else "no CED boundary: every prompt token runs every layer",
-        VISION_NOTE,
     ]
+    if a.vision_n_layers:
+        notes.append(VISION_NOTE)
     if a.family == "v4":
         notes.append("V4 gate.tid2eid is an integer routing table: counted in bytes, not in parameters")
         notes.append("KV bytes for V4 apply the V4.1 cache formats to the V4 layout (V4's own are not in the spec)")

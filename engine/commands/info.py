@@ -67,11 +67,13 @@ def render(model: ModelArgs, acc: Accounting) -> list[str]:
     lines += ["", "Checkpoint bytes by storage dtype"]
     for dtype, n in sorted(acc.bytes_by_dtype.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {dtype:<10} {n / GIB:>10.3f} GiB  ({n:,} B)")
-    n_layers = len(acc.layers)
+    sources = [f"{l.path} {l.kv_compressed:g}+{l.kv_index:g}" for l in acc.layers if l.kv_compressed or l.kv_index]
     lines += ["", "KV cache per token",
-              f"  global (compressed KV + index keys): {acc.kv_global_per_token:g} B",
-              f"  window: {acc.layers[0].kv_window:g} B per layer x {n_layers} layers = "
-              f"{acc.kv_window_per_token:g} B per token, for the last {model.window_size} tokens only", "",
+              f"  global (compressed KV + index keys): {acc.kv_global_per_token:g} B"
+              + (f" = {', '.join(sources)}" if len(sources) <= 8 else f" from {len(sources)} layers"),
+              f"  window: {acc.layers[0].kv_window:g} B per layer x {len(acc.layers)} layers "
+              f"({model.n_layers} + {model.n_draft_stages} draft) = {acc.kv_window_per_token:g} B per token, "
+              f"for the last {model.window_size} tokens only", "",
               f"Experts touched per step by B tokens (uniform top-{model.n_activated_experts} of "
               f"{model.n_routed_experts}, closed form)"]
     lines.append("  " + "  ".join(f"B={r['batch']}: {r['experts']:.1f} ({100 * r['fraction']:.1f}%)"
