@@ -158,3 +158,12 @@ def test_cli_decode_and_its_errors(capsys, tok):
         run_cli(capsys, "--ids", "1,x")
     with pytest.raises(ValueError, match="only apply"):
         run_cli(capsys, "--rebuild")
+
+
+def test_through_the_engine_cli(capsys):
+    from engine.cli import main
+
+    assert main(["tokenizer", "--text", "hi there", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == "hi there"
+    assert main(["tokenizer", "--ids", "1 129280"]) == 2
+    assert "error: token id 129280 at position 1 is outside 0..129279" in capsys.readouterr().err
