@@ -44,7 +44,8 @@ class TraceBudget:
             object.__setattr__(self, "attention", frozenset(_as_path(x) for x in self.attention))
 
     def keeps_layer(self, path: str) -> bool:
-        return self.layers is None or path in self.layers
+        """Whether facts of a module path ('layers.3', 'layers.3.attn', 'mtp.0.ffn') are kept."""
+        return self.layers is None or path in self.layers or layer_path(path) in self.layers
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens,
@@ -141,7 +142,8 @@ class Trace:
 
     def wants_attention(self, path: str) -> bool:
         a = self.budget.attention
-        return (a if isinstance(a, bool) else path in a) and self.budget.keeps_layer(path)
+        chosen = a if isinstance(a, bool) else (path in a or layer_path(path) in a)
+        return chosen and self.budget.keeps_layer(path)
 
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
         if not self.wants_attention(path):
@@ -220,6 +222,7 @@ class Trace:
         largest absolute row or column sum: 1 for a doubly stochastic product, larger when streams amplify.
         """
         seams = [(p, s) for p in self.paths("mhc") if p.startswith("layers.") for s in MHC_SITES]
+        # (the draft stages restart their streams, so they are not part of the backbone's product)
         if upto is not None:
             seams = [(p, s) for p, s in seams if path_order(p) <= path_order(upto)]
         product = None
@@ -328,6 +331,11 @@ class Trace:
             by_pos[pos] = {}
             self._n_token_slots += 1
         by_pos[pos][(kind, path, site)] = values
+
+
+def layer_path(path: str) -> str:
+    """The layer a module path belongs to: 'layers.3.attn' -> 'layers.3', 'mtp.0.ffn' -> 'mtp.0'."""
+    return ".".join(path.split(".")[:2])
 
 
 def path_order(path: str) -> tuple[int, int, str]:

@@ -39,8 +39,8 @@ def fill(trace: Trace, *, b: int = 2, s: int = 3, start: int = 0, rows=None, lay
                              torch.rand(b, s, generator=g) * 1e-6, torch.rand(b, s, generator=g) * 1e-6)
         trace.record_engram(path, rows, positions, torch.randint(0, 99, (b, s), generator=g),
                             torch.randint(0, 10**6, (b, s, 6), generator=g), torch.rand(b, s, 4, generator=g))
-        if trace.wants_attention(path):
-            trace.record_attention(path, rows, positions, torch.randint(-1, 9, (b, s, 4), generator=g),
+        if trace.wants_attention(f"{path}.attn"):
+            trace.record_attention(f"{path}.attn", rows, positions, torch.randint(-1, 9, (b, s, s + 1), generator=g),
                                    torch.rand(b, s, 2, generator=g), torch.rand(b, s, 2, generator=g),
                                    torch.rand(b, s, 2, generator=g))
     return trace
@@ -72,6 +72,9 @@ def test_round_trip_is_exact(tmp_path, name):
     assert back == t
     assert back.summary() == t.summary()
     # equality is not vacuous: one changed gate value breaks it
+    assert back.paths("attention") == ["layers.0.attn", "layers.1.attn"]
+    widths = {back.fact("attention", "layers.0.attn", 0, p)["topk"].shape for p in range(4)}
+    assert widths == {(4,), (2,)}  # index lists of different widths survive the padding
     rec = back.fact("engram", "layers.1", 1, 2)
     rec["gates"][0] += 1e-7
     assert back != t
@@ -130,9 +133,11 @@ def test_token_budget_keeps_first_tokens_and_counts_the_rest():
 
 def test_layer_budget_and_attention_opt_in():
     t = fill(Trace(TraceBudget(layers={1}, attention={"layers.1"})), layers=("layers.0", "layers.1"))
-    assert t.paths("moe") == ["layers.1"] and t.paths("attention") == ["layers.1"]
+    assert t.paths("moe") == ["layers.1"] and t.paths("attention") == ["layers.1.attn"]
     assert t.omitted["moe"] == 6 and t.omitted["engram"] == 6
-    assert not t.wants_attention("layers.0")
+    assert not t.wants_attention("layers.0.attn") and t.wants_attention("layers.1.attn")
+    # a module path belongs to its layer: the layer budget covers 'layers.1.ffn', not 'layers.10.ffn'
+    assert t.budget.keeps_layer("layers.1.ffn") and not t.budget.keeps_layer("layers.10.ffn")
     t2 = fill(Trace(TraceBudget()))
     assert t2.paths("attention") == [] and not t2.wants_attention("layers.0")
 
