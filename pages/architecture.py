@@ -1,0 +1,19 @@
+"""Architecture page: the diagram drawn from config.json, module details and accounting."""
+import streamlit as st
+
+from v41viz import architecture_ui as ui
+from v41viz.sidebar import current_view
+
+config_key, view = current_view()
+state = ui.sync_state(config_key, view)
+ui.header(view)
+ui.reading_guide()
+ui.controls(view)
+ui.write_url(state)
+left, right = st.columns([3, 2], gap="medium")
+with left:
+    ui.diagram(config_key, view, state)
+with right:
+    with st.container(border=True):
+        ui.details(view, state.node)
+ui.accounting_tabs(view)

@@ -1,0 +1,34 @@
+"""Compare page: two configs side by side, differences highlighted."""
+import streamlit as st
+
+from v41viz import compare
+from v41viz.sidebar import available_configs, args_for
+
+st.title("Compare configs")
+st.caption("Both columns are derived from the configs (no live data). Rows that differ are highlighted.")
+options = available_configs()
+c1, c2 = st.columns(2)
+key_a = c1.selectbox("A", options, index=options.index("deepseek-v4-flash") if "deepseek-v4-flash" in options else 0,
+                     key="compare_a")
+key_b = c2.selectbox("B", options, index=options.index("deepseek-v4.1-flash") if "deepseek-v4.1-flash" in options else 0,
+                     key="compare_b")
+a, b = args_for(key_a), args_for(key_b)
+
+
+def highlight(df):
+    return df.style.apply(lambda row: ["background-color: #fef3c7" if row["differs"] else ""] * len(row), axis=1)
+
+
+table = compare.side_by_side(a, b)
+st.markdown(f"**{table['differs'].sum()} of {len(table)}** sizes and mechanisms differ.")
+st.dataframe(highlight(table), hide_index=True, width="stretch", height=36 * (len(table) + 1))
+s1, s2 = st.columns(2)
+s1.markdown(f"**Folded layer stack — {key_a}**")
+s1.dataframe(compare.folded_stack(a), hide_index=True, width="stretch")
+s2.markdown(f"**Folded layer stack — {key_b}**")
+s2.dataframe(compare.folded_stack(b), hide_index=True, width="stretch")
+roles = compare.role_diff(a, b)
+st.markdown(f"**Layer roles** — {roles['differs'].sum()} of {len(roles)} positions differ")
+st.dataframe(highlight(roles), hide_index=True, width="stretch")
+with st.expander("Every config field that differs"):
+    st.dataframe(compare.field_diff(a, b), hide_index=True, width="stretch")
