@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -189,8 +189,20 @@ def _sum(tensors) -> tuple[int, int]:
     return params, nbytes
 
 
-@lru_cache(maxsize=16)
 def account(args: "ModelArgs") -> Accounting:
+    """The exact account of a config (cached per args; equal configs share one result)."""
+    acc = _account(args)
+    return acc if acc.model == args.name else replace(acc, model=args.name)
+
+
+def published_figures(args: "ModelArgs"):
+    """Published-vs-exact rows; see engine.published_figures (re-exported here for the diagram page)."""
+    from .published_figures import published_figures as rows
+    return rows(args)
+
+
+@lru_cache(maxsize=8)
+def _account(args: "ModelArgs") -> Accounting:
     a = args
     inv = inventory_tuple(a, include_vision=True)
     params_by_kind = dict.fromkeys(KINDS, 0)
@@ -282,7 +294,7 @@ def module_params(args: "ModelArgs", prefix: str) -> tuple[int, int]:
     return _sum([t for t in pool if t.name.startswith(dotted) or t.name.startswith(under) or t.name == prefix])
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _prefix_index(args: "ModelArgs") -> dict[str, tuple[TensorSpec, ...]]:
     """Tensors grouped by layer path, so a prefix inside one layer scans that layer only."""
     groups: dict[str, list[TensorSpec]] = defaultdict(list)

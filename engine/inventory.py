@@ -72,6 +72,9 @@ class _Builder:
             self.raw(f"{prefix}.weight", (out, inp), "F8_E4M3")
             self.raw(f"{prefix}.scale", (ceil(out / b0), ceil(inp / b1)), "F8_E8M0", 0)
         elif fmt == "fp4":
+            if inp % 2:
+                raise ValueError(f"{prefix}: FP4 storage packs two values per byte and needs an even input "
+                                 f"width, got {inp}")
             # two e2m1 values per byte along the input dimension; one scale per 32 inputs
             self.raw(f"{prefix}.weight", (out, inp // 2), "I8", out * inp)
             self.raw(f"{prefix}.scale", (out, ceil(inp / FP4_BLOCK)), "F8_E8M0", 0)
@@ -228,8 +231,9 @@ def _vision(b: _Builder) -> None:
         b.raw(name, (a.dim,), "BF16")
 
 
-@lru_cache(maxsize=16)
-def _inventory(a: "ModelArgs", include_vision: bool) -> tuple[TensorSpec, ...]:
+@lru_cache(maxsize=4)  # a V4.1 inventory is ~96k specs (~20 MB); keep only a few configs
+def _full_inventory(a: "ModelArgs") -> tuple[tuple[TensorSpec, ...], int]:
+    """All tensors, vision last, and how many come before the vision ones."""
     b = _Builder(a)
     b.plain("embed.weight", a.vocab_size, a.dim)
     for layer in range(a.n_layers):
@@ -241,16 +245,17 @@ def _inventory(a: "ModelArgs", include_vision: bool) -> tuple[TensorSpec, ...]:
     if a.family == "v4":
         b.hc_head("")
     _drafter(b)
-    if include_vision:
-        _vision(b)
-    return tuple(b.out)
-
-
-def tensor_inventory(args: "ModelArgs", include_vision: bool = False) -> list[TensorSpec]:
-    """All checkpoint tensors under their official bare names (cached per args)."""
-    return list(_inventory(args, include_vision))
+    n_text = len(b.out)
+    _vision(b)
+    return tuple(b.out), n_text
 
 
 def inventory_tuple(args: "ModelArgs", include_vision: bool = False) -> tuple[TensorSpec, ...]:
     """The cached inventory itself (no copy); callers must not rely on mutating it."""
-    return _inventory(args, include_vision)
+    full, n_text = _full_inventory(args)
+    return full if include_vision else full[:n_text]
+
+
+def tensor_inventory(args: "ModelArgs", include_vision: bool = False) -> list[TensorSpec]:
+    """All checkpoint tensors under their official bare names (cached per args)."""
+    return list(inventory_tuple(args, include_vision))

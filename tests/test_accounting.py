@@ -271,3 +271,30 @@ def test_kind_of():
     assert kind_of("layers.2.attn.indexer.wk.weight") == "indexer"
     assert kind_of("layers.2.hc_ffn_base") == "mhc" and kind_of("hc_head_fn") == "mhc"
     assert kind_of("layers.2.attn_norm.weight") == "norms"
+
+
+def test_account_reports_the_callers_config_name():
+    renamed = V41.replace(name="my-copy")
+    assert account(renamed).model == "my-copy" and account(V41).model == "deepseek-v4.1-flash"
+    assert account(renamed).activated_decode == account(V41).activated_decode
+
+
+def test_odd_width_fp4_experts_are_rejected():
+    odd = TINY4.replace(moe_inter_dim=33)
+    with pytest.raises(ValueError, match="needs an even input width, got 33"):
+        tensor_inventory(odd)
+
+
+def test_vision_tensors_only_on_request_and_never_in_the_text_totals():
+    with_vision = tensor_inventory(V41, include_vision=True)
+    text = tensor_inventory(V41)
+    extra = with_vision[len(text):]
+    assert with_vision[:len(text)] == text and extra
+    assert all(kind_of(t.name) == "vision" for t in extra)
+    names = {t.name for t in extra}
+    assert {"aligner.w1.weight", "image_newline", "vision.blocks.31.mlp.w1.weight"} <= names
+    assert next(t for t in extra if t.name == "aligner.w1.weight").shape == (5120, 1024 * 9)
+    acc = account(V41)
+    assert acc.params_by_kind["vision"] == sum(t.params for t in extra)
+    assert acc.n_tensors == len(text) and acc.checkpoint_bytes == sum(t.nbytes for t in text)
+    assert tensor_inventory(V4, include_vision=True) == tensor_inventory(V4)   # V4 has no vision tower
