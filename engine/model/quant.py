@@ -39,6 +39,8 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.size(-1) < block and block % x.size(-1) == 0:
+        block = x.size(-1)  # a vector narrower than one block (tiny configs) is a single block
     if x.size(-1) % block:
         raise ValueError(f"quantization block {block} does not divide the last dimension {x.size(-1)}")
     xf = x if x.dtype == torch.float64 else x.float()

@@ -1,0 +1,119 @@
+"""Attention (spec §4.3): low-rank q, one shared K=V latent, window ring + compressed rows, sinks, grouped output."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .compressor import Compressor
+from .context import ForwardContext
+from .indexer import Indexer
+from .linear import Linear
+from .norm import RMSNorm
+from .quant import fp4_qdq, fp8_qdq
+from .rope import Rotary, apply_rope
+from .sparse_attn import sparse_attn
+
+
+def window_index(start: torch.Tensor, n_tokens: int, window: int, slots: int) -> torch.Tensor:
+    """[B, S, window] indices into [ring (slots) ; this call's rows (S)] for each query's window
+    t−window+1 .. t (−1 before the sequence start). Earlier positions live in ring slot pos % slots."""
+    t = start.view(-1, 1, 1) + torch.arange(n_tokens).view(1, -1, 1)       # [B, S, 1] query positions
+    k = t - torch.arange(window).view(1, 1, -1)                              # [B, S, window] key positions
+    new = k >= start.view(-1, 1, 1)
+    idx = torch.where(new, slots + k - start.view(-1, 1, 1), k % slots)
+    return torch.where(k >= 0, idx, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args, role, dtype=None, device=None):
+        super().__init__()
+        self.role, self.layer = role, role.layer
+        self.n_heads, self.head_dim, self.rope_dim = args.n_heads, args.head_dim, args.rope_head_dim
+        self.groups, self.o_rank = args.o_groups, args.o_lora_rank
+        self.window = args.window_size
+        self.scale = args.head_dim ** -0.5
+        kw = dict(dtype=dtype, device=device)
+        self.attn_sink = nn.Parameter(torch.zeros(args.n_heads, dtype=_fp32_or(dtype), device=device))
+        self.wq_a = Linear(args.dim, args.q_lora_rank, quantized=True, **kw)
+        self.q_norm = RMSNorm(args.q_lora_rank, args.norm_eps, **kw)
+        self.wq_b = Linear(args.q_lora_rank, args.n_heads * args.head_dim, quantized=True, **kw)
+        self.wkv = Linear(args.dim, args.head_dim, quantized=True, **kw)
+        self.kv_norm = RMSNorm(args.head_dim, args.norm_eps, **kw)
+        # wo_a is block-diagonal over groups: [groups · o_rank, heads·head_dim / groups], used by einsum
+        self.wo_a = Linear(args.n_heads * args.head_dim // args.o_groups, args.o_groups * args.o_lora_rank, **kw)
+        self.wo_b = Linear(args.o_groups * args.o_lora_rank, args.dim, quantized=True, **kw)
+        self.rotary = Rotary(args.rope_head_dim, role.rope_base, role.yarn, args, device=device)
+        if role.kv_mode == "own":
+            self.compressor = Compressor(args, role.ratio, role.layer, **kw)
+        if role.indexer in ("own", "reindex"):
+            self.indexer = Indexer(args, role, **kw)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [B, S, dim] (normed collapse of the streams) → [B, S, dim]."""
+        B, S, _ = x.shape
+        quant = ctx.options.quant_sim
+        cache, rows = ctx.cache, ctx.rows_dev
+        cos, sin = self.rotary.angles(ctx.positions)                       # [B, S, rope/2]
+        qr = self.q_norm(self.wq_a(x))                                      # [B, S, q_rank]
+        q = apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)  # [B, S, H, D]
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)                # [B, S, D]
+        if quant:
+            kv = fp8_qdq(kv)
+        ring = cache.window[self.layer]
+        slots = ring.size(1)
+        parts, index = [ring[rows], kv], [window_index(ctx.start, S, self.window, slots).to(x.device)]
+        # the newest `slots` rows of this call go into the ring at slot = position % slots
+        keep = min(S, slots)
+        ring[rows.unsqueeze(1), ctx.positions[:, S - keep:] % slots] = kv[:, S - keep:]
+        topk = None
+        if self.role.ratio:
+            compressed, topk = self._compressed(x, qr, cos, sin, ctx)
+            parts.append(compressed)
+            index.append(torch.where(topk >= 0, topk + slots + S, -1))
+        kv_all, idx = torch.cat(parts, 1), torch.cat(index, -1)
+        trace = ctx.trace
+        want = trace is not None and trace.wants_attention(f"{self.role.path}.attn")
+        res = sparse_attn(q, kv_all, self.attn_sink, idx, self.scale, query_block=ctx.options.attn_query_block,
+                          return_probs=want)
+        o = res[0] if want else res
+        if want:
+            p, sink_p = res[1].mean(2), res[2].mean(2)                      # averaged over heads
+            n_win = self.window
+            r_, pos = ctx.trace_rows()
+            trace.record_attention(f"{self.role.path}.attn", r_, pos,
+                                   topk if topk is not None else idx.new_empty(B, S, 0),
+                                   p[..., :n_win].sum(-1), p[..., n_win:].sum(-1), sink_p)
+        o = apply_rope(o, cos, sin, inverse=True)                           # strip the query rotation V carries
+        o = o.reshape(B, S, self.groups, -1)                                 # [B, S, G, H·D/G], heads grouped in order
+        wo_a = self.wo_a.weight.view(self.groups, self.o_rank, -1)          # [G, o_rank, H·D/G]
+        z = torch.einsum("bsgd,grd->bsgr", o.to(wo_a.dtype), wo_a)           # [B, S, G, o_rank]
+        return self.wo_b(z.flatten(2))
+
+    def _compressed(self, x, qr, cos, sin, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Publish this call's compressed rows (KV sources), then read the source's rows and the index list."""
+        role, cache, rows = self.role, ctx.cache, ctx.rows_dev
+        src, ratio = role.kv_source, ctx.cache.ratio[role.kv_source]
+        if role.kv_mode == "own":
+            latent, group, valid = self.compressor(x, ctx)                   # [B, G, D] pre-RoPE
+            if latent.size(1):
+                gcos, gsin = self.rotary.angles(group * ratio)              # a group sits at its first token
+                scratch = cache.comp_kv[src].size(1) - 1
+                dest = torch.where(valid, group, scratch)
+                # the indexer keys come from the pre-RoPE latent, before the KV is rotated and quantized
+                keys = self.indexer.keys(latent, gcos, gsin, ctx.options.quant_sim)
+                cache.index_k[src][rows.unsqueeze(1), dest] = keys.to(cache.index_k[src].dtype)
+                ckv = apply_rope(latent, gcos, gsin)
+                if ctx.options.quant_sim:
+                    ckv = fp4_qdq(ckv, 16, "e4m3")
+                cache.comp_kv[src][rows.unsqueeze(1), dest] = ckv.to(cache.comp_kv[src].dtype)
+        if role.indexer in ("own", "reindex"):
+            topk = self.indexer(x, qr, cos, sin, ctx)
+            ctx.topk[role.layer] = topk
+        else:
+            topk = ctx.topk[role.index_source]
+        return cache.comp_kv[src][rows, : ctx.width(ratio)], topk
+
+
+def _fp32_or(dtype):
+    """Tensors the official checkpoint keeps in fp32 stay fp32 unless the model runs in float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -1,0 +1,58 @@
+"""Block (spec §4.2 single-pass mHC): attention and MoE between collapse/expand of the hc streams."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .context import ForwardContext
+from .engram import Engram
+from .mhc import collapse, expand, hc_mixes, stochastic_error
+from .moe import MoE
+from .norm import RMSNorm
+
+
+class Block(nn.Module):
+    def __init__(self, args, role, dtype=None, device=None):
+        super().__init__()
+        self.role, self.path = role, role.path
+        self.hc, self.iters, self.hc_eps, self.norm_eps = args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps
+        kw = dict(dtype=dtype, device=device)
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.attn = Attention(args, role, **kw)
+        n_exp = args.draft_n_routed_experts if role.draft else args.n_routed_experts
+        k = args.draft_n_activated_experts if role.draft else args.n_activated_experts
+        self.ffn = MoE(args, n_exp, k, **kw)
+        fp32 = torch.float64 if dtype == torch.float64 else torch.float32
+        mix, width = args.hc_mix_dim, args.hc_dim
+        for site in ("attn", "ffn"):
+            setattr(self, f"hc_{site}_fn", nn.Parameter(torch.zeros(mix, width, dtype=fp32, device=device)))
+            setattr(self, f"hc_{site}_base", nn.Parameter(torch.zeros(mix, dtype=fp32, device=device)))
+            setattr(self, f"hc_{site}_scale", nn.Parameter(torch.ones(3, dtype=fp32, device=device)))
+        if role.engram:
+            n_rows = args.engram_num_embeddings[args.engram_layer_ids.index(role.layer)]
+            self.engram = Engram(args, role.layer, n_rows, **kw)
+
+    def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext):
+        pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
+                                   getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps)
+        if ctx.trace is not None:
+            rows, pos = ctx.trace_rows()
+            row_err, col_err = stochastic_error(comb)
+            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
+        return pre, post, comb
+
+    def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx: ForwardContext):
+        """x [B, S, hc, dim], pre_in [B, S, hc] (the previous site's pre) → (x', this block's ffn pre).
+
+        Each site computes (pre, post, comb) from its own input but hands `pre` on to the next site."""
+        a_pre, a_post, a_comb = self.mixes(x, "attn", ctx)
+        f = self.attn(self.attn_norm(collapse(x, pre_in)), ctx)
+        x = expand(f, x, a_post, a_comb)
+        f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
+        f, (weights, ids, scores) = self.ffn(self.ffn_norm(collapse(x, a_pre)), ctx.image_mask)
+        if ctx.trace is not None:
+            rows, pos = ctx.trace_rows()
+            ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
+        return expand(f, x, f_post, f_comb), f_pre

@@ -1,0 +1,46 @@
+"""ForwardContext: what one forward call shares across layers (positions, cache rows, published indices)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .cache import ModelCache
+from .options import EngineOptions
+
+
+@dataclass
+class ForwardContext:
+    cache: ModelCache
+    rows: torch.Tensor              # [B] cache row of each batch row (CPU)
+    start: torch.Tensor             # [B] absolute position of each row's first token (CPU)
+    n_tokens: int                   # S, tokens per row in this call
+    positions: torch.Tensor         # [B, S] absolute positions (on the model's device)
+    options: EngineOptions
+    image_mask: torch.Tensor | None = None   # [B, S] bool, image-span tokens
+    trace: object | None = None
+    # published during the call: index lists (compressed-row coordinates, −1 empty) per index
+    # source layer, and the candidate source's position mask
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    candidates: torch.Tensor | None = None
+
+    @property
+    def rows_dev(self) -> torch.Tensor:
+        return self.rows.to(self.positions.device)
+
+    def visible(self, ratio: int) -> torch.Tensor:
+        """[B, S] number of compressed rows each query may use: groups it has fully passed."""
+        return (self.positions + 1) // ratio
+
+    def width(self, ratio: int) -> int:
+        """Compressed rows any query of this call can see (the widest row's (start + S) // ratio)."""
+        return int(((self.start + self.n_tokens) // ratio).max())
+
+    def tail(self, n: int) -> "ForwardContext":
+        """The same call restricted to each row's last n tokens (bounded replay)."""
+        skip = self.n_tokens - n
+        mask = None if self.image_mask is None else self.image_mask[:, skip:]
+        return replace(self, start=self.start + skip, n_tokens=n, positions=self.positions[:, skip:], image_mask=mask)
+
+    def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rows, self.positions.cpu()

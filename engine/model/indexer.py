@@ -1,0 +1,84 @@
+"""Lightning indexer (spec §4.3.2): Own / Reindex query heads over shared index keys, candidate filter, top-k."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .context import ForwardContext
+from .linear import Linear
+from .norm import RMSNorm, upcast
+from .quant import fp4_qdq
+from .rope import apply_rope
+
+
+def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim; ties (−inf included) go to the lower index,
+    so the choice is deterministic and does not depend on how wide the row is padded."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int, block: int) -> torch.Tensor:
+    """Level one of the hierarchical top-k: [B, S, W] scores (unreachable = −inf), visible [B, S] →
+    bool mask [B, S, W] of the positions inside each query's `top_blocks` best blocks of `block` positions."""
+    width = scores.size(-1)
+    padded = F.pad(scores, (0, -width % block), value=float("-inf"))
+    block_scores = padded.unflatten(-1, (-1, block)).amax(-1)            # [B, S, n_blocks]
+    n_blocks = block_scores.size(-1)
+    # the newest visible block is only partly filled: pin it so older full blocks cannot outscore it
+    newest = ((visible - 1).div(block, rounding_mode="floor")).unsqueeze(-1)
+    block_scores = block_scores.masked_fill(torch.arange(n_blocks, device=scores.device) == newest, float("inf"))
+    top = stable_topk(block_scores, min(top_blocks, n_blocks))
+    reachable = block_scores.gather(-1, top) > float("-inf")              # fewer reachable blocks: drop the rest
+    keep = torch.zeros_like(block_scores, dtype=torch.bool).scatter_(-1, top, reachable)
+    return keep.repeat_interleave(block, dim=-1)[..., :width]
+
+
+class Indexer(nn.Module):
+    """Index source of one layer. Key owners (KV sources) also turn each compressed latent into an index key."""
+
+    def __init__(self, args, role, dtype=None, device=None):
+        super().__init__()
+        self.role = role
+        self.owns_keys = role.indexer == "own"
+        self.n_heads, self.head_dim = args.index_n_heads, args.index_head_dim
+        self.topk = args.index_topk
+        self.top_blocks, self.block = args.candidate_topk_blocks, args.candidate_block_size
+        self.wq_b = Linear(args.q_lora_rank, self.n_heads * self.head_dim, quantized=True, dtype=dtype, device=device)
+        self.weights_proj = Linear(args.dim, self.n_heads, dtype=dtype, device=device)
+        if self.owns_keys:
+            self.wk = Linear(args.head_dim, self.head_dim, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(self.head_dim, args.norm_eps, dtype=dtype, device=device)
+
+    def keys(self, latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, quant: bool) -> torch.Tensor:
+        """Pre-RoPE latents [B, G, head_dim] → index keys [B, G, index_head_dim] (rope at the group position)."""
+        k = apply_rope(self.k_norm(self.wk(latent)), cos, sin)
+        return fp4_qdq(k, 32, "ue8m0") if quant else k
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """→ index list [B, S, k] of compressed rows (ascending; −1 = empty) for this call's queries."""
+        role, B, S = self.role, x.size(0), x.size(1)
+        ratio = ctx.cache.ratio[role.index_key_source]
+        width = ctx.width(ratio)
+        if width == 0:
+            return torch.empty(B, S, 0, dtype=torch.long, device=x.device)
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
+        q = apply_rope(q, cos, sin)
+        if ctx.options.quant_sim:
+            q = fp4_qdq(q, 32, "ue8m0")
+        w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
+        keys = ctx.cache.index_k[role.index_key_source][ctx.rows_dev, :width]      # [B, W, d]
+        scores = torch.einsum("bshd,btd->bsht", upcast(q), upcast(keys)).relu()
+        scores = (scores * upcast(w).unsqueeze(-1)).sum(2)                           # [B, S, W]
+        visible = ctx.visible(ratio)
+        scores = scores.masked_fill(torch.arange(width, device=x.device) >= visible.unsqueeze(-1), float("-inf"))
+        if role.candidate_source:
+            ctx.candidates = select_candidate_blocks(scores, visible, self.top_blocks, self.block)
+        elif role.uses_candidates:
+            if ctx.candidates is None:
+                raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
+            scores = scores.masked_fill(~ctx.candidates, float("-inf"))
+        idx = stable_topk(scores, min(self.topk, width)).sort(-1).values
+        # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
+        return torch.where(idx < visible.unsqueeze(-1), idx, -1)

@@ -1,0 +1,181 @@
+"""Transformer (spec §4.1): embed → hc streams → Engram + blocks → collapse with the last pre → norm → head."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError, ModelArgs
+from .block import Block
+from .cache import ModelCache
+from .context import ForwardContext
+from .draft import DraftStage
+from .engram import DEAD, NgramRows
+from .linear import Linear
+from .mhc import collapse
+from .moe import MoE
+from .norm import RMSNorm
+from .options import EngineOptions
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, token_map: np.ndarray | None = None, *, dtype=torch.float32,
+                 device="cpu", options: EngineOptions | None = None):
+        super().__init__()
+        if args.family != "v4.1":
+            raise ConfigError(f"config '{args.name or args.model_type}' describes the V4 family; this engine runs "
+                              "DeepSeek-V4.1 only (shared KV sources, Engram, no hash routing)")
+        self.args, self.options = args, options or EngineOptions()
+        self.margin = self.options.margin_for(args.dspark_block_size)
+        kw = dict(dtype=dtype, device=device)
+        roles = args.roles
+        self.embed = nn.Embedding(args.vocab_size, args.dim, **kw)
+        self.layers = nn.ModuleList(Block(args, roles[i], **kw) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.head = Linear(args.dim, args.vocab_size, **kw)
+        self.mtp = nn.ModuleList(DraftStage(args, roles[args.n_layers + s], s, **kw)
+                                 for s in range(args.n_draft_stages)) if args.has_dspark else nn.ModuleList()
+        self.ngram = NgramRows(args) if args.has_engram else None
+        self.tapped = set(args.dspark_target_layer_ids)
+        self.token_map: torch.Tensor | None = None
+        if token_map is not None:
+            self.set_token_map(token_map)
+        self._set_act_quant()
+
+    # ---- setup ------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def set_token_map(self, token_map) -> None:
+        """The Engram compressed-token map (spec §4.4.1): int array, one compressed id per token id."""
+        a = np.asarray(token_map)
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"token_map must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
+        if a.shape[0] < self.args.vocab_size:
+            raise ValueError(f"token_map has {a.shape[0]} entries; it needs one per token id (vocab_size "
+                             f"{self.args.vocab_size})")
+        limit = self.args.engram_compressed_vocab_size
+        if a.size and (a.min() < 0 or a.max() >= limit):
+            raise ValueError(f"token_map values must lie in 0..{limit - 1} (engram_compressed_vocab_size), "
+                             f"found {a.min()}..{a.max()}")
+        self.token_map = torch.from_numpy(a.astype(np.int64))
+
+    def _set_act_quant(self) -> None:
+        """FP8 input quant-dequant on linears whose official weights are FP8 (dense) or FP4 (routed experts)."""
+        a, opt = self.args, self.options.act_quant
+        dense = a.dtype == "fp8" if opt is None else opt
+        expert = (a.expert_dtype in ("fp4", "fp8") or (not a.expert_dtype and a.dtype == "fp8")) if opt is None else opt
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.act_quant = m.quantized and dense
+        for m in self.modules():
+            if isinstance(m, MoE):
+                for e in m.experts:
+                    e.w1.act_quant = e.w2.act_quant = e.w3.act_quant = expert
+
+    def new_cache(self, batch_size: int, max_seq_len: int | None = None) -> ModelCache:
+        return ModelCache(self, batch_size, max_seq_len or self.args.max_seq_len, self.margin)
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows=None, trace=None,
+                logits: str = "last", image_mask: torch.Tensor | None = None, return_taps: bool = False):
+        """tokens [B, S] → logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a float64 model).
+
+        Row b occupies positions cache.pos[rows[b]] .. + S − 1 and the cache advances by S. cache=None runs
+        a stateless forward from position 0. With return_taps, also returns main_hidden [B, S, n_taps·dim]
+        (mean over streams of the residual entering each DSpark target layer). With bounded_replay and
+        S > window, "all" logits and taps cover only the last window positions.
+        """
+        a = self.args
+        tokens = self._check_tokens(tokens)
+        if logits not in ("last", "all"):
+            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+        B, S = tokens.shape
+        if cache is None:
+            if rows is not None:
+                raise ValueError("rows= needs a cache")
+            cache = self.new_cache(B, S)
+        row_ids = cache.resolve_rows(rows, B)
+        cache.check_room(row_ids, S)
+        start = cache.pos[row_ids].clone()
+        positions = start.unsqueeze(1) + torch.arange(S)                      # [B, S] CPU
+        if image_mask is not None:
+            image_mask = torch.as_tensor(image_mask, dtype=torch.bool)
+            if image_mask.shape != tokens.shape:
+                raise ValueError(f"image_mask shape {tuple(image_mask.shape)} must equal tokens shape {(B, S)}")
+        dev = self.device
+        ctx = ForwardContext(cache=cache, rows=row_ids, start=start, n_tokens=S, positions=positions.to(dev),
+                             options=self.options, image_mask=None if image_mask is None else image_mask.to(dev),
+                             trace=trace)
+        engram = self._engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
+        h = self.embed(tokens.to(dev))                                         # [B, S, dim]
+        h = h.unsqueeze(2).repeat(1, 1, a.hc_mult, 1)                          # [B, S, hc, dim]
+        pre = torch.zeros(B, S, a.hc_mult, dtype=torch.float64 if self.dtype == torch.float64 else torch.float32,
+                          device=dev)
+        pre[..., 0] = 1.0                                                      # layer 0 collapses stream 0
+        replay_from = max(a.kv_source_layers) + 1 if self.options.bounded_replay and S > a.window_size else None
+        taps = []
+        for i, layer in enumerate(self.layers):
+            if i == replay_from:  # spec §5: later layers only over the last window tokens (approximate)
+                W = a.window_size
+                h, pre, ctx = h[:, -W:], pre[:, -W:], ctx.tail(W)
+                taps = [t[:, -W:] for t in taps]
+                engram = None if engram is None else (engram[0][:, -W:], engram[1][:, -W:])
+            if layer.role.engram:
+                h = self._apply_engram(layer, h, engram, ctx)
+            if i in self.tapped:
+                taps.append(h.mean(2))
+            h, pre = layer(h, pre, ctx)
+        cache.advance(row_ids, S)
+        x = self.norm(collapse(h, pre))
+        if logits == "last":
+            x = x[:, -1]
+        out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        out = F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
+        if return_taps:
+            return out, torch.cat(taps, -1) if taps else None
+        return out
+
+    def _check_tokens(self, tokens) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+        if tokens.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.size(1) == 0:
+            raise ValueError("tokens is empty: need at least one token per row")
+        if not tokens.is_meta and (tokens.min() < 0 or tokens.max() >= self.args.vocab_size):
+            raise ValueError(f"token ids must lie in 0..{self.args.vocab_size - 1}, found "
+                             f"{int(tokens.min())}..{int(tokens.max())}")
+        return tokens.long()
+
+    def _engram_rows(self, tokens, image_mask, cache, rows, positions):
+        """Record this call's compressed ids in the rows' history and hash every Engram column."""
+        if self.ngram is None:
+            return None
+        if self.token_map is None:
+            raise ValueError("this model has Engram layers: pass token_map (engine.engram_map) to Transformer(...) "
+                             "or call model.set_token_map(...) before running it")
+        comp = self.token_map[tokens]                                          # [B, S]
+        if image_mask is not None:
+            comp = comp.masked_fill(image_mask.cpu(), DEAD)
+        cache.engram_history[rows.unsqueeze(1), positions] = comp
+        pad = int(self.token_map[self.args.engram_pad_id])
+        ids = self.ngram(cache.engram_history[rows], positions, pad)          # [B, S, L, cols]
+        return ids, comp
+
+    def _apply_engram(self, layer, h, engram, ctx):
+        row_ids, comp = engram
+        live = None if ctx.image_mask is None else ~ctx.image_mask
+        ids = row_ids[:, :, layer.engram.slot]                                 # [B, S, cols]
+        h, gates = layer.engram(h, ids, live)
+        if ctx.trace is not None:
+            rows, pos = ctx.trace_rows()
+            ctx.trace.record_engram(f"{layer.path}.engram", rows, pos, comp, ids, gates)
+        return h
