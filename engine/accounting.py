@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from math import ceil
 from typing import TYPE_CHECKING
 
 from .inventory import DRAFT_NOTE, VISION_NOTE, TensorSpec, inventory_tuple
@@ -157,17 +158,17 @@ class Accounting:
 # ---- KV-cache byte budget (spec §5) ------------------------------------------------------------
 def window_bytes(a: "ModelArgs") -> int:
     """FP8 window row plus one E8M0 scale per 32 channels (512 + 16 = 528 B for head_dim 512)."""
-    return a.head_dim + a.head_dim // 32
+    return a.head_dim + ceil(a.head_dim / 32)
 
 
 def compressed_kv_bytes(a: "ModelArgs") -> int:
     """FP4 compressed row: two values per byte plus one E4M3 scale per 16 (256 + 32 = 288 B)."""
-    return a.head_dim // 2 + a.head_dim // 16
+    return a.head_dim // 2 + ceil(a.head_dim / 16)
 
 
 def index_key_bytes(a: "ModelArgs") -> int:
     """FP4 index key: two values per byte plus one E8M0 scale per 32 (64 + 4 = 68 B)."""
-    return a.index_head_dim // 2 + a.index_head_dim // 32
+    return a.index_head_dim // 2 + ceil(a.index_head_dim / 32)
 
 
 def _kv_for(a: "ModelArgs", role) -> tuple[float, float, float]:

@@ -298,3 +298,9 @@ def test_vision_tensors_only_on_request_and_never_in_the_text_totals():
     assert acc.params_by_kind["vision"] == sum(t.params for t in extra)
     assert acc.n_tensors == len(text) and acc.checkpoint_bytes == sum(t.nbytes for t in text)
     assert tensor_inventory(V4, include_vision=True) == tensor_inventory(V4)   # V4 has no vision tower
+
+
+def test_kv_scales_round_up_for_narrow_heads():
+    """tiny-v4.1: head_dim 32 and index_head_dim 16 still carry one scale byte per (partial) block."""
+    kv = {l.path: (l.kv_window, l.kv_compressed, l.kv_index) for l in account(TINY41).layers}
+    assert kv["layers.2"] == (32 + 1, (16 + 2) / 2, (8 + 1) / 2) and kv["layers.6"] == (33, 18, 9)
