@@ -304,3 +304,13 @@ def test_kv_scales_round_up_for_narrow_heads():
     """tiny-v4.1: head_dim 32 and index_head_dim 16 still carry one scale byte per (partial) block."""
     kv = {l.path: (l.kv_window, l.kv_compressed, l.kv_index) for l in account(TINY41).layers}
     assert kv["layers.2"] == (32 + 1, (16 + 2) / 2, (8 + 1) / 2) and kv["layers.6"] == (33, 18, 9)
+
+
+def test_engine_state_dict_uses_the_inventory_names_and_shapes():
+    """The engine's own tiny checkpoints are saved under the official names: state_dict == inventory."""
+    from engine.model.transformer import Transformer   # torch only here; the accounting itself is torch-free
+
+    state = Transformer(TINY41).state_dict()
+    inv = {t.name: t.shape for t in tensor_inventory(TINY41)}
+    assert sorted(state) == sorted(inv)
+    assert {k: tuple(v.shape) for k, v in state.items()} == inv
