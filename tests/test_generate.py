@@ -85,3 +85,126 @@ def test_bad_parameters_are_named():
             SamplingParams(**kwargs)
     with pytest.raises(ValueError, match=r"\[B, V\]"):
         sample(torch.zeros(5), SamplingParams(1.0), [None])
+
+
+# ---- generation on the tiny V4.1 model ------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from engine.config import list_presets, load_config  # noqa: E402
+from engine.generate import generate  # noqa: E402
+from engine.model import Transformer, init_weights  # noqa: E402
+from engine.trace import Trace, TraceBudget  # noqa: E402
+from engine.trace_io import load_trace, save_trace  # noqa: E402
+
+
+def build(max_seq_len: int | None = None):
+    args = load_config(list_presets()["tiny-v4.1"])
+    if max_seq_len is not None:
+        args = args.replace(max_seq_len=max_seq_len)
+    model = Transformer(args, np.arange(args.vocab_size) % args.engram_compressed_vocab_size)
+    init_weights(model, seed=1)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build()
+
+
+PROMPTS = [[0, 17, 999, 5, 1234], [0, 4242], [0, 7, 7, 7, 8, 9, 10]]
+
+
+def test_greedy_equals_argmax_of_full_forward_without_cache(model):
+    res = generate(model, [PROMPTS[0]], max_new_tokens=4, stop_tokens=())
+    seq = list(PROMPTS[0])
+    with torch.inference_mode():
+        for _ in range(4):
+            seq.append(int(model(torch.tensor([seq]), logits="last").argmax(-1)))
+    assert res.tokens[0] == seq[len(PROMPTS[0]):]
+    assert res.finish_reasons == ["length"]
+
+
+def test_batch_of_different_lengths_equals_each_alone(model):
+    batch = generate(model, PROMPTS, max_new_tokens=4, stop_tokens=())
+    alone = [generate(model, [p], max_new_tokens=4, stop_tokens=()).tokens[0] for p in PROMPTS]
+    assert batch.tokens == alone
+    # sampling too: row i uses seed + i, so a prompt alone with that seed draws the same tokens
+    sampled = generate(model, PROMPTS[:2], max_new_tokens=3, temperature=1.0, seed=10, stop_tokens=())
+    second = generate(model, [PROMPTS[1]], max_new_tokens=3, temperature=1.0, seed=11, stop_tokens=())
+    assert sampled.tokens[1] == second.tokens[0]
+
+
+def test_seeded_sampling_reproduces_and_seeds_differ(model):
+    def run(seed):
+        return generate(model, [PROMPTS[0]], max_new_tokens=4, temperature=1.0, top_p=0.9, seed=seed,
+                        stop_tokens=()).tokens
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_stop_tokens_end_a_row_without_emitting_the_stop_token(model):
+    free = generate(model, PROMPTS[:2], max_new_tokens=4, stop_tokens=()).tokens
+    stop = free[0][2]
+    cut = free[0][: free[0].index(stop)]
+    res = generate(model, PROMPTS[:2], max_new_tokens=4, stop_tokens=(stop,))
+    assert res.tokens[0] == cut and res.finish_reasons[0] == "stop"
+    other = free[1][: free[1].index(stop)] if stop in free[1] else free[1]
+    assert res.tokens[1] == other  # the other row is unaffected by row 0 finishing
+
+
+def test_streaming_callback_sees_every_token_in_order(model):
+    calls = []
+    res = generate(model, PROMPTS, max_new_tokens=3, stop_tokens=(),
+                   on_token=lambda row, tok, info: calls.append((info.step, row, tok, info.pos)))
+    assert calls == sorted(calls, key=lambda c: (c[0], c[1]))  # step by step, rows in order within a step
+    for row, prompt in enumerate(PROMPTS):
+        mine = [c for c in calls if c[1] == row]
+        assert [c[2] for c in mine] == res.tokens[row]
+        assert [c[3] for c in mine] == list(range(len(prompt), len(prompt) + 3))
+
+
+def test_prompt_errors_and_the_sequence_limit():
+    small = build(max_seq_len=8)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(small, [[0], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_seq_len of 8"):
+        generate(small, [list(range(9))], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"outside 0\.\.129279"):
+        generate(small, [[0, 129280]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(small, [[0]], max_new_tokens=-1)
+    res = generate(small, [[0, 1, 2, 3, 4, 5]], max_new_tokens=10, stop_tokens=())
+    assert len(res.tokens[0]) == 2 and res.finish_reasons == ["max_seq_len"]
+
+
+def test_trace_does_not_change_logits(model):
+    tokens = torch.tensor([PROMPTS[2]])
+    with torch.inference_mode():
+        plain_cache, traced_cache = model.new_cache(1), model.new_cache(1)
+        trace = Trace(TraceBudget(attention=True))
+        a = model(tokens, plain_cache, logits="all")
+        b = model(tokens, traced_cache, logits="all", trace=trace)
+        c = model(torch.tensor([[42]]), plain_cache)
+        d = model(torch.tensor([[42]]), traced_cache, trace=trace)
+    assert torch.equal(a, b) and torch.equal(c, d)
+    assert trace.summary()["records"]["attention"] > 0
+
+
+def test_generation_trace_records_everything_and_round_trips(model, tmp_path):
+    trace = Trace(TraceBudget(top_k_logits=4), meta={"test": True})
+    res = generate(model, PROMPTS[:2], max_new_tokens=3, stop_tokens=(), trace=trace, token_text=lambda t: f"<{t}>")
+    args = model.args
+    for row, prompt in enumerate(PROMPTS[:2]):
+        toks = trace.tokens(row)
+        assert [t.token_id for t in toks] == prompt + res.tokens[row]
+        assert [t.generated for t in toks] == [False] * len(prompt) + [True] * 3
+        assert toks[-1].text == f"<{res.tokens[row][-1]}>" and toks[-1].top_ids[0] == res.tokens[row][-1]
+        # facts for every position that went through the model (the last new token was never fed back)
+        n_fed = len(prompt) + 2
+        moe = {(p, pos) for p, _, r, pos, _ in trace.facts("moe") if r == row}
+        assert moe == {(f"layers.{i}.ffn", pos) for i in range(args.n_layers) for pos in range(n_fed)}
+    assert trace.paths("engram") == [f"layers.{i}.engram" for i in args.engram_layer_ids]
+    for name in ("t.json", "t.parquet.zip", "t.safetensors"):
+        save_trace(trace, tmp_path / name)
+        assert load_trace(tmp_path / name) == trace

@@ -1,0 +1,37 @@
+"""`python -m engine bench`: prefill/decode tokens/s and the trace overhead, measured in one run."""
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench import run_bench
+    from .info import resolve_config
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+    result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
+                       new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else "\n".join(result.lines()))
+    return 0

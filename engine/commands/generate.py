@@ -1,0 +1,71 @@
+"""`python -m engine generate`: stream generated text to stdout; optionally write a Trace file."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "generate text from a prompt (random-init or checkpoint weights), optionally writing a trace"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
+    weights = parser.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index")
+    weights.add_argument("--random-init", action="store_true", help="seeded random weights (needs --config)")
+    parser.add_argument("--seed", type=int, default=0, help="weight-init seed, and the sampling seed (default 0)")
+    parser.add_argument("--prompt", required=True, help="prompt text (BOS is prepended unless --no-bos)")
+    parser.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    parser.add_argument("--trace", metavar="FILE", help="write a trace: .json, .parquet.zip or .safetensors")
+    parser.add_argument("--trace-max-tokens", type=int, default=2048, help="token budget of the trace")
+    parser.add_argument("--trace-attention", action="store_true", help="also record attention facts")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..generate import Engine
+    from ..trace import Trace, TraceBudget
+    from ..trace_io import trace_format
+
+    if args.random_init and not args.config:
+        raise ValueError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.trace:
+        trace_format(args.trace)  # refuse an unknown suffix before any work
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+    engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
+                         device=args.device)
+    trace = None
+    if args.trace:
+        trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention),
+                      meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
+                            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                            "seed": args.seed})
+    print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+
+    def show(_row: int, piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               trace=trace, on_text=show)
+    res = out.result
+    print()
+    print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "
+          f"{res.n_new_tokens} new tokens ({res.finish_reasons[0]}): decode {res.decode_tokens_per_s:,.1f} tokens/s",
+          file=sys.stderr)
+    if trace is not None:
+        trace.save(args.trace)
+        omitted = ", ".join(f"{k} {v}" for k, v in sorted(trace.omitted.items())) or "nothing"
+        print(f"trace written to {args.trace} (left out: {omitted})", file=sys.stderr)
+    return 0
