@@ -1,0 +1,62 @@
+"""Shared fixtures for the engine/model tests: a tiny V4.1 model, a synthetic Engram token map, a recording trace."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import load_config
+from engine.model import EngineOptions, Transformer, init_weights
+
+TINY = "configs/tiny-v4.1.json"
+# One intra-op thread: on the shared 2-core machine two OpenMP threads contend with other processes and
+# make each small op ~10x slower.
+torch.set_num_threads(1)
+
+
+def tiny_args(**changes):
+    a = load_config(TINY)
+    return a.replace(**changes) if changes else a
+
+
+def synthetic_token_map(args, seed: int = 0) -> np.ndarray:
+    """Any int64 array of vocab_size entries below the compressed vocabulary size will do for tests."""
+    return np.random.default_rng(seed).integers(0, args.engram_compressed_vocab_size, args.vocab_size, dtype=np.int64)
+
+
+def tiny_model(dtype=torch.float64, seed: int = 0, options: EngineOptions | None = None, **changes) -> Transformer:
+    a = tiny_args(**changes)
+    m = Transformer(a, synthetic_token_map(a), dtype=dtype, options=options)
+    init_weights(m, seed)
+    return m.eval()
+
+
+def random_tokens(n_rows: int, n: int, seed: int = 0, vocab: int = 129280) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n_rows, n), generator=g)
+
+
+class RecordingTrace:
+    """Keeps every call the model makes, as the real Trace would receive them."""
+
+    def __init__(self, attention: bool = True):
+        self.attention = attention
+        self.moe, self.mhc, self.engram, self.attn = [], [], [], []
+
+    def record_moe(self, path, rows, positions, ids, weights, scores, vision):
+        self.moe.append(dict(path=path, rows=rows, positions=positions, ids=ids, weights=weights, scores=scores,
+                             vision=vision))
+
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err):
+        self.mhc.append(dict(path=path, site=site, rows=rows, positions=positions, pre=pre, post=post, comb=comb,
+                             row_err=row_err, col_err=col_err))
+
+    def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates):
+        self.engram.append(dict(path=path, rows=rows, positions=positions, compressed_ids=compressed_ids,
+                                row_ids=row_ids, gates=gates))
+
+    def wants_attention(self, path):
+        return self.attention
+
+    def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass):
+        self.attn.append(dict(path=path, rows=rows, positions=positions, topk=topk, window_mass=window_mass,
+                              compressed_mass=compressed_mass, sink_mass=sink_mass))
