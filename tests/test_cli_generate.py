@@ -1,0 +1,54 @@
+"""`python -m engine generate` and `bench`: streamed text, a trace file that loads back, checkpoints, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.checkpoint import save_checkpoint
+from engine.cli import main
+from engine.generate import Engine
+from engine.trace import Trace
+
+BASE = ["generate", "--prompt", "The cat", "--max-new-tokens", "3"]
+
+
+def test_random_init_generate_writes_a_trace_that_loads_back(tmp_path, capsys):
+    out = tmp_path / "run.safetensors"
+    assert main(BASE + ["--config", "tiny-v4.1", "--random-init", "--seed", "4", "--trace", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert stdout.startswith("The cat") and "tokens/s" in stderr
+    trace = Trace.load(out)
+    tokens = trace.tokens(0)
+    assert tokens[0].token_id == 0 and sum(t.generated for t in tokens) == 3
+    assert stdout.rstrip("\n") == "The cat" + "".join(t.text for t in tokens if t.generated)
+    assert trace.meta["weights"] == "random init (seed 4)" and trace.paths("moe")
+
+
+def test_checkpoint_generates_what_the_random_init_generated(tmp_path, capsys):
+    engine = Engine.load("tiny-v4.1", seed=4)
+    save_checkpoint(engine.model, tmp_path / "ckpt")
+    assert main(BASE + ["--config", "tiny-v4.1", "--random-init", "--seed", "4"]) == 0
+    from_init = capsys.readouterr().out
+    assert main(BASE + ["--checkpoint", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out == from_init
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--random-init"], "--random-init needs --config"),
+    (["--config", "tiny-v4.1", "--random-init", "--trace", "x.pkl"], "unknown trace format"),
+    (["--config", "no-such-preset", "--random-init"], "neither a config file nor a preset"),
+    (["--checkpoint", "/nonexistent/ckpt.safetensors"], "no such checkpoint"),
+])
+def test_bad_invocations_get_a_clear_error(extra, message, capsys):
+    assert main(BASE + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_reports_throughput_and_trace_overhead(capsys):
+    assert main(["bench", "--config", "tiny-v4.1", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "trace_overhead_prefill", "trace_overhead_decode"):
+        assert result[key] > 0, key
+    assert result["trace_records"]["moe"] == 10 * (4 + 1)  # 10 layers × (4 prompt + 1 fed-back) tokens
