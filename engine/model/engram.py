@@ -47,12 +47,12 @@ class Engram(nn.Module):
         super().__init__()
         self.layer, self.hc, self.dim, self.eps = layer, args.hc_mult, args.dim, args.norm_eps
         self.slot = args.engram_layer_ids.index(layer)                        # which hash layer
-        fp32 = torch.float64 if dtype == torch.float64 else torch.float32
         self.embed = nn.Embedding(n_rows, args.engram_head_dim, dtype=dtype, device=device)
         self.wkv = Linear(args.engram_n_columns * args.engram_head_dim, args.dim * (args.hc_mult + 1),
                           quantized=True, dtype=dtype, device=device)
-        self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=fp32, device=device))
-        self.k_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=fp32, device=device))
+        # stored bf16 in the checkpoint, used in fp32
+        self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=dtype, device=device))
+        self.k_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=dtype, device=device))
 
     def forward(self, h: torch.Tensor, row_ids: torch.Tensor, live: torch.Tensor | None):
         """h [B, S, hc, dim], row_ids [B, S, cols], live [B, S] (False = DEAD) → (h', gates [B, S, hc])."""

@@ -50,6 +50,8 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """act_quant 'inplace' semantics: per block of 32, scale = pow2 ≥ amax/448, e4m3 round, times scale."""
     xg = _blocks(x, block)
+    if x.is_meta:  # shapes only
+        return torch.empty_like(x)
     amax = xg.abs().amax(-1).clamp_min(1e-4)
     s = pow2_scale(amax, FP8_MAX).to(xg.dtype).unsqueeze(-1)
     return (to_e4m3(xg / s) * s).flatten(-2).to(x.dtype)
@@ -58,6 +60,8 @@ def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 def fp4_qdq(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
     """fp4_act_quant 'inplace' semantics. scale='ue8m0' (indexer q/k, block 32) or 'e4m3' (compressed KV, block 16)."""
     xg = _blocks(x, block)
+    if x.is_meta:  # shapes only
+        return torch.empty_like(x)
     amax = xg.abs().amax(-1)
     if scale == "e4m3":
         s = to_e4m3(amax.float().clamp_min(6 * 2.0**-9) / FP4_MAX)  # scale itself rounded to e4m3
