@@ -3,7 +3,7 @@ import streamlit as st
 
 from v41viz.sidebar import config_sidebar
 
-st.set_page_config(page_title="v41viz", page_icon=":material/account_tree:", layout="wide")
+st.set_page_config(page_title="v41viz", page_icon="🧭", layout="wide")
 page = st.navigation([
     st.Page("pages/architecture.py", title="Architecture", icon=":material/account_tree:", default=True),
     st.Page("pages/compare.py", title="Compare configs", icon=":material/compare_arrows:"),

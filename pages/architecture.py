@@ -10,10 +10,10 @@ ui.header(view)
 ui.reading_guide()
 ui.controls(view)
 ui.write_url(state)
-left, right = st.columns([3, 2], gap="medium")
+left, right = st.columns([0.63, 0.37], gap="small")
 with left:
     ui.diagram(config_key, view, state)
 with right:
-    with st.container(border=True):
+    with st.container(border=True, key="details_panel"):
         ui.details(view, state.node)
 ui.accounting_tabs(view)

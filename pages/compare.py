@@ -21,7 +21,7 @@ def highlight(df):
 
 table = compare.side_by_side(a, b)
 st.markdown(f"**{table['differs'].sum()} of {len(table)}** sizes and mechanisms differ.")
-st.dataframe(highlight(table), hide_index=True, width="stretch", height=36 * (len(table) + 1))
+st.table(highlight(table.set_index("quantity")))
 s1, s2 = st.columns(2)
 s1.markdown(f"**Folded layer stack — {key_a}**")
 s1.dataframe(compare.folded_stack(a), hide_index=True, width="stretch")

@@ -117,22 +117,26 @@ def details(view: ModelView, node: str) -> None:
     st.markdown(f"*{d.doc.summary}*")
     if d.role_line:
         st.caption(d.role_line + (" " + d.group_line if d.group_line else ""))
-    m1, m2, m3 = st.columns(3)
-    m1.metric("parameters", human(d.params))
-    m2.metric("bytes", human(d.nbytes, "B"))
-    m3.metric("tensors", len(d.tensors) if d.tensors is not None else "–")
+    n_tensors = int(d.tensors["count"].sum()) if d.tensors is not None else 0
+    st.markdown(f"**{human(d.params)}** parameters · **{human(d.nbytes, 'B')}** in the checkpoint · "
+                f"**{n_tensors:,}** tensors" + (" (with submodules)" if d.type in ("block", "draft_block", "moe", "attention") else ""))
     st.markdown("**What it does.** " + d.doc.what)
     st.markdown("**Why it is there.** " + d.doc.why)
     st.markdown("**Formula**")
     st.code(d.doc.formula, language=None)
     if d.tensors is not None and len(d.tensors):
         st.markdown("**Checkpoint tensors** (routed experts folded into `{i}` rows)")
-        st.dataframe(d.tensors, hide_index=True, width="stretch", height=min(36 * (len(d.tensors) + 1), 320))
+        if len(d.tensors) <= 12:  # small: a static table reads better (and its text is selectable)
+            st.table(d.tensors.set_index("tensor"))
+        else:
+            st.dataframe(d.tensors, hide_index=True, width="stretch", height=320)
     src = engine_source(d.type)
-    if src.found:
-        with st.expander(f"Engine source: {src.qualname}  ({src.path}:{src.first_line})", expanded=False):
-            st.code(src.code, language="python")
-    else:
+    if src.found and view.args.family != "v4.1":
+        st.caption("The engine runs the V4.1 family only; below is its V4.1 implementation of this kind of module.")
+    for piece in src.pieces:
+        with st.expander(f"Engine source: {piece.qualname}  ({piece.path}:{piece.first_line})", expanded=False):
+            st.code(piece.code, language="python", line_numbers=True)
+    if src.message:
         st.info(f"Engine source: {src.message}.")
 
 

@@ -50,8 +50,8 @@ def build_figure(lay: Layout, selected: str = "", hover: dict[str, str] | None =
         sel = b.node == selected
         shapes.append(_rect(b, fill, SELECTED if sel else border, width=3 if sel else 1.3))
         title = f"<b>{b.title}</b>" if not b.dim else b.title
-        text = title + (f"<br><span style='font-size:10px;color:#4b5563'>{b.subtitle}</span>" if b.subtitle else "")
-        notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=11 if b.dim else 12, color="#111827")))
+        text = title + (f"<br><span style='font-size:9.5px;color:#4b5563'>{b.subtitle}</span>" if b.subtitle else "")
+        notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=10 if b.dim else 11, color="#111827")))
         if b.badge:
             notes.append(dict(x=b.x + b.w / 2 - 0.05, y=-(b.y - b.h / 2), text=f"<b>{b.badge}</b>", showarrow=False,
                               xanchor="right", yanchor="middle", bgcolor="#374151", font=dict(size=11, color="white"),

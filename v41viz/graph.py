@@ -89,8 +89,8 @@ def _attn_label(role: LayerRole) -> str:
     if role.ratio == 0:
         return "Attention (window only)"
     if role.attn_kind in ("CSA", "HCA"):
-        return f"Attention ({role.attn_kind}, ratio {role.ratio})"
-    return f"Attention (window + compressed ÷{role.ratio})"
+        return f"Attention ({role.attn_kind} ÷{role.ratio})"
+    return f"Attention (ratio {role.ratio})"
 
 
 def _add_drafter(g, node, args: ModelArgs) -> None:

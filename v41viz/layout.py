@@ -10,10 +10,10 @@ from .folding import LayerGroup
 
 # Column centres and widths in diagram units (y grows downwards; the figure flips it).
 STACK_X, STACK_W = 0.0, 3.8
-ENGRAM_X, ENGRAM_W = -3.2, 1.8
-DRAFT_X, DRAFT_W = -6.6, 3.2
-DETAIL_X, DETAIL_W = 6.4, 3.4
-SIDE_X, SIDE_W = 9.85, 2.6
+ENGRAM_X, ENGRAM_W = 3.05, 1.6
+DRAFT_X, DRAFT_W = -4.6, 3.0
+DETAIL_X, DETAIL_W = 6.2, 3.4
+SIDE_X, SIDE_W = 9.55, 2.5
 BOX_H, PITCH = 0.74, 1.12
 
 
@@ -73,14 +73,14 @@ def build_layout(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], expan
         y += PITCH
         return key
 
-    order = [stack_box("embed", "Token embedding", _join(f"{args.vocab_size:,} × {args.dim}", size("embed")), "embedding")]
+    order = [stack_box("embed", "Token embedding", f"{args.vocab_size:,} × {args.dim}", "embedding")]
     backbone = [gr for gr in groups if not gr.draft]
     for gr in backbone:
         if gr.repeats > 1 and gr.id not in expanded:
             first = f"layers.{gr.first}"
             sub = "  /  ".join(gr.variants) if gr.period > 1 else gr.variants[0]
             key = stack_box(first, f"layers {gr.span}",
-                            _join(sub, size(first) and f"{size(first)} each"), "norm", key=gr.id,
+                            sub, "norm", key=gr.id,
                             badge=f"×{gr.repeats}" + (" pairs" if gr.period == 2 else ""), stacked=True)
             order.append(key)
             _side_engram(lay, g, args, gr.layers, key)
@@ -89,7 +89,7 @@ def build_layout(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], expan
             continue
         for layer in gr.layers:
             path = f"layers.{layer}"
-            key = stack_box(path, f"layer {layer}", _join(g.nodes[path]["role"].summary, size(path)), "norm")
+            key = stack_box(path, f"layer {layer}", g.nodes[path]["role"].summary, "norm")
             order.append(key)
             _side_engram(lay, g, args, (layer,), key)
             if layer == focus_layer:
@@ -97,7 +97,7 @@ def build_layout(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], expan
     if "hc_head" in g:
         order.append(stack_box("hc_head", "mHC head", "collapse 4 streams", "norm"))
     order.append(stack_box("norm", "Final RMSNorm", f"eps {args.norm_eps:g}", "norm"))
-    order.append(stack_box("head", "LM head", _join(f"{args.dim} → {args.vocab_size:,}", size("head")), "embedding"))
+    order.append(stack_box("head", "LM head", f"{args.dim} → {args.vocab_size:,}", "embedding"))
     for a, b in zip(order, order[1:]):
         lay.edges.append(Edge(a, b, "flow"))
     stack_bottom = y
@@ -115,7 +115,7 @@ def _side_engram(lay: Layout, g: nx.DiGraph, args: ModelArgs, layers, stack_key:
     sb = lay.boxes[stack_key]
     node = f"layers.{eng[0]}.engram"
     key = lay.add(Box(f"side:{node}", node, ENGRAM_X, sb.y, ENGRAM_W, BOX_H * 0.8, "auxiliary", "Engram",
-                      f"{args.engram_n_columns} hashed rows", dim=True))
+                      f"layer {eng[0]}", dim=True))
     lay.edges.append(Edge(key, stack_key, "aux"))
 
 
@@ -137,25 +137,22 @@ def _drafter(lay: Layout, g: nx.DiGraph, args: ModelArgs, groups, size) -> float
         return key
 
     if args.has_dspark:
-        proj = box("mtp.0.main_proj", "main_proj", _join(f"{len(args.dspark_target_layer_ids)}×{args.dim} → {args.dim}",
-                                                          size("mtp.0.main_proj")))
+        proj = box("mtp.0.main_proj", "main_proj", f"{len(args.dspark_target_layer_ids)}×{args.dim} → {args.dim}")
         box("mtp.0.main_norm", "main_norm", "RMSNorm")
         for t in taps:
             lay.edges.append(Edge(t.key, proj, "tap", "tap"))
     for s in range(args.n_draft_stages):
         node = f"mtp.{s}"
-        box(node, g.nodes[node]["label"], _join(f"{args.draft_n_routed_experts} experts top-{args.draft_n_activated_experts}",
-                                               size(node)))
+        box(node, g.nodes[node]["label"], f"{args.draft_n_routed_experts} experts, top-{args.draft_n_activated_experts}")
     if args.has_dspark:
         last = f"mtp.{args.n_draft_stages - 1}"
         box(f"{last}.norm", "draft norm", "→ shared LM head")
-        box(f"{last}.markov_head", "Markov head", _join(f"rank {args.dspark_markov_rank}", size(f"{last}.markov_head")))
+        box(f"{last}.markov_head", "Markov head", f"rank {args.dspark_markov_rank}")
         box(f"{last}.confidence_head", "Confidence head", f"{args.dim}+{args.dspark_markov_rank} → 1")
     else:
         lay.edges.append(Edge(last_layer_box.key, keys[0], "tap", "last state"))
     for a, b in zip(keys, keys[1:]):
         lay.edges.append(Edge(a, b, "flow"))
-    lay.edges.append(Edge("stack:embed", f"draft:mtp.0", "aux", "shared embedding"))
     return y
 
 
@@ -179,7 +176,7 @@ def _detail(lay: Layout, g: nx.DiGraph, args: ModelArgs, layer: int, groups, siz
             node = f"{p}.{part}"
             d = g.nodes[node]
             keys.append(lay.add(Box(f"detail:{node}", node, DETAIL_X, y, DETAIL_W, BOX_H, d["kind"], d["label"],
-                                    _detail_sub(args, role, part, size(node)))))
+                                    size(node))))
         y += PITCH * (0.85 if part else 0.7)
     for a, b in zip(keys, keys[1:]):
         lay.edges.append(Edge(a, b, "flow"))
@@ -198,20 +195,3 @@ def _detail(lay: Layout, g: nx.DiGraph, args: ModelArgs, layer: int, groups, siz
     lay.detail_frame = (DETAIL_X - DETAIL_W / 2 - 0.45, top, SIDE_X + SIDE_W / 2 + 0.25, y + 0.1)
     return y + 0.2
 
-
-def _detail_sub(args: ModelArgs, role, part: str, size: str) -> str:
-    if part in ("hc_attn", "hc_ffn"):
-        text = f"{args.hc_mult} streams · {args.hc_mix_dim} mixes"
-    elif part.endswith("norm"):
-        text = f"RMSNorm {args.dim}"
-    elif part == "attn":
-        text = f"{args.n_heads} heads · 1 KV head {args.head_dim}"
-    elif part == "engram":
-        text = f"{args.engram_n_columns} rows × {args.engram_head_dim}"
-    else:
-        text = ""
-    return _join(text, size)
-
-
-def _join(*parts: str) -> str:
-    return " · ".join(p for p in parts if p)

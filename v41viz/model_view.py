@@ -27,7 +27,7 @@ class ModelView:
 
     def size_text(self, node: str) -> str:
         p = self.graph.nodes[node].get("params")
-        return f"{human(p)} params" if p else ""
+        return f"{human(p)} params" if p else ""  # detail boxes: the size is the subtitle
 
     def hover_text(self, node: str, summary: str) -> str:
         d = self.graph.nodes[node]

@@ -5,61 +5,72 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-# Module type → (engine module, class names to try in order). The first class found is shown.
-ENGINE_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
+# Module type → (engine module, the classes/functions that implement it, all shown in this order).
+ENGINE_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
     "embed": ("engine.model.transformer", ("Transformer",)),
     "head": ("engine.model.transformer", ("Transformer",)),
     "block": ("engine.model.block", ("Block",)),
-    "draft_block": ("engine.model.block", ("DSparkBlock", "MTPBlock", "Block")),
+    "draft_block": ("engine.model.draft", ("DraftStage",)),
     "rmsnorm": ("engine.model.norm", ("RMSNorm",)),
     "main_norm": ("engine.model.norm", ("RMSNorm",)),
     "draft_norm": ("engine.model.norm", ("RMSNorm",)),
-    "mhc": ("engine.model.mhc", ("HyperConnection", "MHC", "HCSite", "HyperConnections")),
-    "hc_head": ("engine.model.mhc", ("HCHead", "HyperHead")),
+    "mhc": ("engine.model.mhc", ("hc_mixes", "sinkhorn", "collapse", "expand")),
+    "hc_head": ("engine.model.mhc", ("HCHead",)),
     "attention": ("engine.model.attention", ("Attention",)),
     "compressor": ("engine.model.compressor", ("Compressor",)),
-    "indexer": ("engine.model.indexer", ("Indexer",)),
+    "indexer": ("engine.model.indexer", ("Indexer", "select_candidate_blocks")),
     "moe": ("engine.model.moe", ("MoE",)),
     "gate": ("engine.model.moe", ("Gate",)),
-    "hash_gate": ("engine.model.moe", ("HashGate", "Gate")),
-    "shared_experts": ("engine.model.moe", ("Expert",)),
-    "experts": ("engine.model.moe", ("Expert",)),
-    "engram": ("engine.model.engram", ("Engram",)),
-    "main_proj": ("engine.model.dspark", ("DSparkHead", "Drafter", "DSpark")),
-    "markov_head": ("engine.model.dspark", ("MarkovHead",)),
-    "confidence_head": ("engine.model.dspark", ("ConfidenceHead",)),
+    "hash_gate": ("engine.model.moe", ("HashGate",)),
+    "shared_experts": ("engine.model.moe", ("Expert", "swiglu")),
+    "experts": ("engine.model.moe", ("Expert", "swiglu")),
+    "engram": ("engine.model.engram", ("NgramRows", "Engram")),
+    "main_proj": ("engine.model.draft", ("DraftStage",)),
+    "markov_head": ("engine.model.draft", ("MarkovHead",)),
+    "confidence_head": ("engine.model.draft", ("ConfidenceHead",)),
 }
 
 
 @dataclass(frozen=True)
-class SourceInfo:
-    found: bool
-    qualname: str        # "engine.model.attention.Attention" (or the module we looked in)
-    path: str            # repository-relative file, "" when not found
+class CodePiece:
+    qualname: str        # "engine.model.attention.Attention"
+    path: str            # repository-relative file
     first_line: int
-    code: str            # the class source, or "" when not found
-    message: str         # why it was not found
+    code: str
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    pieces: tuple[CodePiece, ...]
+    message: str         # why (some of) it was not found; "" when everything was
+
+    @property
+    def found(self) -> bool:
+        return bool(self.pieces)
 
 
 def engine_source(module_type: str) -> SourceInfo:
     try:
-        module_name, class_names = ENGINE_CLASSES[module_type]
+        module_name, names = ENGINE_CODE[module_type]
     except KeyError:
-        return SourceInfo(False, module_type, "", 0, "", f"no engine class is mapped to module type {module_type!r}")
+        return SourceInfo((), f"no engine code is mapped to module type {module_type!r}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
-            return SourceInfo(False, module_name, "", 0, "", f"not implemented in the engine yet ({module_name} does not exist)")
-        return SourceInfo(False, module_name, "", 0, "", f"{module_name} could not be imported: {e}")
+            return SourceInfo((), f"not implemented in the engine yet ({module_name} does not exist)")
+        return SourceInfo((), f"{module_name} could not be imported: {e}")
     except Exception as e:  # a half-written engine module must not break the page
-        return SourceInfo(False, module_name, "", 0, "", f"{module_name} failed to import: {type(e).__name__}: {e}")
-    for name in class_names:
-        cls = getattr(module, name, None)
-        if inspect.isclass(cls):
-            lines, start = inspect.getsourcelines(cls)
-            path = inspect.getsourcefile(cls) or ""
-            rel = path[path.rfind("engine/"):] if "engine/" in path else path
-            return SourceInfo(True, f"{module_name}.{name}", rel, start, "".join(lines), "")
-    return SourceInfo(False, module_name, "", 0, "",
-                      f"not implemented in the engine yet ({module_name} has no class {' / '.join(class_names)})")
+        return SourceInfo((), f"{module_name} failed to import: {type(e).__name__}: {e}")
+    pieces, missing = [], []
+    for name in names:
+        obj = getattr(module, name, None)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            missing.append(name)
+            continue
+        lines, start = inspect.getsourcelines(obj)
+        path = inspect.getsourcefile(obj) or ""
+        rel = path[path.rfind("engine/"):] if "engine/" in path else path
+        pieces.append(CodePiece(f"{module_name}.{name}", rel, start, "".join(lines)))
+    message = f"not implemented in the engine yet ({module_name} has no {' / '.join(missing)})" if missing else ""
+    return SourceInfo(tuple(pieces), message)

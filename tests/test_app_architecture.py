@@ -1,0 +1,96 @@
+"""AppTest of the app shell and the architecture page: load, URL restore, selection, expansion, every preset."""
+import pytest
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from engine.config import ConfigError, list_presets
+from v41viz.sidebar import parse_upload
+
+TIMEOUT = 120
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def app(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def query(at, key: str) -> str:
+    v = at.query_params[key]
+    return v[-1] if isinstance(v, list) else v
+
+
+def details_text(at) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def test_default_view_shows_v41_with_details_and_accounting():
+    at = app()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "deepseek-v4.1-flash"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["parameters (total)"] == "762.72B" and metrics["layers + draft stages"] == "40 + 3"
+    assert at.selectbox(key="arch_node").value == "layers.2.attn"     # the first KV source's attention
+    text = details_text(at)
+    assert "#### Attention" in text and "rank-1280 bottleneck" in text
+    assert query(at, "config") == "deepseek-v4.1-flash" and query(at, "node") == "layers.2.attn"
+    assert [t.label for t in at.tabs] == ["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"]
+    assert any("Engine source: engine.model.attention.Attention" in e.label for e in at.expander)
+
+
+def test_url_restores_config_node_and_expansion():
+    at = app(config="tiny-v4.1", node="layers.4.engram", expand="layers.9")  # layers.9 is not a folded group
+    assert not at.exception
+    assert at.sidebar.selectbox(key="config_choice").value == "tiny-v4.1"
+    assert at.selectbox(key="arch_node").value == "layers.4.engram"
+    assert "#### Engram" in details_text(at)
+    assert any("unknown group(s): layers.9" in w.value for w in at.warning)
+    at = app(config="deepseek-v4.1-flash", node="layers.20.attn.indexer", expand="layers.3-7,layers.21-23")
+    assert at.multiselect(key="arch_expand").value == ["layers.21-23", "layers.3-7"]
+    assert "#### Lightning indexer" in details_text(at)
+
+
+def test_selection_and_expansion_write_the_url():
+    at = app()
+    at.selectbox(key="arch_node").set_value("mtp.2.markov_head").run()
+    assert query(at, "node") == "mtp.2.markov_head"
+    assert "#### Markov head" in details_text(at)
+    at.multiselect(key="arch_expand").set_value(["layers.9-13"]).run()
+    assert query(at, "expand") == "layers.9-13"
+
+
+def test_a_diagram_click_selects_the_clicked_node():
+    at = app()
+    at.session_state["diagram:deepseek-v4.1-flash"] = {"selection": {"points": [{"customdata": "head"}]}}
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="arch_node").value == "head"
+    assert query(at, "node") == "head"
+
+
+@pytest.mark.parametrize("name", sorted(list_presets()))
+def test_every_preset_renders(name):
+    at = app(config=name)
+    assert not at.exception, at.exception
+    assert at.title[0].value == name
+    assert not at.error
+
+
+def test_unknown_config_in_url_falls_back_with_a_notice():
+    at = app(config="no-such-model")
+    assert not at.exception
+    assert at.title[0].value == "deepseek-v4.1-flash"
+    assert any("Unknown config 'no-such-model'" in w.value for w in at.warning)
+
+
+def test_upload_parsing_names_the_problem():
+    with pytest.raises(ConfigError, match=r"bad\.json: invalid JSON at line 1"):
+        parse_upload("bad.json", b'{"dim": 64,')
+    with pytest.raises(ConfigError, match="missing required key"):
+        parse_upload("partial.json", b'{"dim": 64}')
+    with open(list_presets()["tiny-v4.1"], "rb") as f:
+        assert parse_upload("mine.json", f.read()).n_layers == 10

@@ -1,0 +1,161 @@
+"""End-to-end: the real app in headless Debian Chromium (Playwright) — diagram, click, details, shared URL."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update"]
+SHARED = "/?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A fresh `streamlit run app.py`; waits for the health endpoint and always stops the process."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.read() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("streamlit did not come up:\n" + log_path.read_text())
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}", log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test.sh does it)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _open(browser, url: str):
+    page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    page.goto(url)
+    page.get_by_text("Reading this diagram").wait_for(timeout=60_000)
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(800)
+    return page
+
+
+def _details(page):
+    return page.locator(".st-key-details_panel")
+
+
+def test_shared_url_restores_the_view(server, browser):
+    # The very first request of a fresh server is a deep link: config, node and expansion all come back.
+    base, _ = server
+    page = _open(browser, base + SHARED)
+    panel = _details(page)
+    panel.get_by_text("layers.14.engram", exact=False).first.wait_for(timeout=30_000)
+    assert "Engram" in panel.inner_text()
+    assert "99,092" in panel.inner_text()          # the config's compressed vocabulary, in the explanation
+    svg_text = page.locator(".js-plotly-plot").first.inner_text()
+    assert "layer 5" in svg_text and "layers 3–7" not in svg_text   # the group is expanded layer by layer
+    assert "layers 9–13" in svg_text and "×5" in svg_text            # other groups stay folded
+    assert "inside layers.14" in svg_text
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "architecture_shared_url.png"), full_page=True)
+    page.close()
+
+
+def test_click_a_box_opens_its_details(server, browser):
+    base, _ = server
+    page = _open(browser, base + "/?config=deepseek-v4.1-flash")
+    plot = page.locator(".js-plotly-plot").first
+    target = plot.locator("g.annotation-text-g").filter(has_text="LM head").first
+    target.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    box = target.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    panel = _details(page)
+    panel.get_by_text("Scores all 129,280 tokens").first.wait_for(timeout=30_000)
+    text = panel.inner_text()
+    assert "LM head" in text and "129,280" in text
+    assert "[129280, 5120]" in text                 # the head's checkpoint tensor shape
+    page.wait_for_function("() => window.location.search.includes('node=head')", timeout=10_000)
+    page.screenshot(path=str(SHOTS / "architecture_clicked_head.png"), full_page=True)
+    page.close()
+
+
+def test_selecting_attention_shows_engine_source_or_says_missing(server, browser):
+    base, _ = server
+    page = _open(browser, base + "/?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
+    panel = _details(page)
+    panel.get_by_text("Lightning indexer").first.wait_for(timeout=30_000)
+    text = panel.inner_text()
+    assert "top-512" in text and "candidate" in text
+    assert "Engine source" in text
+    src = panel.get_by_text("Engine source: engine.model.indexer.Indexer")
+    if src.count():
+        src.first.click()
+        panel.get_by_text("class Indexer").first.wait_for(timeout=10_000)
+    else:
+        assert "not implemented in the engine yet" in text
+    page.screenshot(path=str(SHOTS / "architecture_indexer.png"), full_page=True)
+    page.close()
+
+
+def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tmp_path):
+    base, _ = server
+    page = _open(browser, base + "/?config=tiny-v4")
+    bad = tmp_path / "config.json"
+    bad.write_text('{"dim": 64, "n_layers": 2')
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad))
+    page.get_by_text("Upload rejected").wait_for(timeout=30_000)
+    assert "invalid JSON" in page.locator("[data-testid='stSidebar']").inner_text()
+    assert "tiny-v4" in page.locator("h1").first.inner_text()   # still showing the previous config
+    page.close()
+
+
+def test_compare_page(server, browser):
+    base, log_path = server
+    page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    page.goto(base + "/compare")
+    page.get_by_text("sizes and mechanisms differ").wait_for(timeout=60_000)
+    text = page.inner_text("body")
+    assert "Engram" in text and "learned hc_head" in text and "shared: sources [2, 8, 14, 20]" in text
+    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+    page.close()
+    log = log_path.read_text()
+    assert "Traceback" not in log and "WARNING" not in log.upper().replace("WARNINGS", ""), log
