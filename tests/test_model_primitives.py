@@ -134,3 +134,14 @@ def test_sparse_attn_matches_slow_reference_with_empty_entries():
     _, p, sp = sparse_attn(q, kv, sink, idx, 0.3, return_probs=True)
     total = p.sum(-1) + sp
     assert torch.allclose(total[0, 1:], torch.ones_like(total[0, 1:])) and (sp > 0).all()
+
+
+def test_sinkhorn_numpy_path_equals_torch_path():
+    from engine.model.mhc import sinkhorn_numpy, sinkhorn_torch
+    torch.manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 7, 4, 4, dtype=dtype)
+        a = sinkhorn_torch(x, 20, 1e-6)
+        b = torch.from_numpy(sinkhorn_numpy(x.numpy(), 20, 1e-6))
+        assert b.dtype == dtype
+        torch.testing.assert_close(a, b, atol=4 * torch.finfo(dtype).eps, rtol=0)

@@ -53,7 +53,7 @@ class Attention(nn.Module):
         B, S, _ = x.shape
         quant = ctx.options.quant_sim
         cache, rows = ctx.cache, ctx.rows_dev
-        cos, sin = self.rotary.angles(ctx.positions)                       # [B, S, rope/2]
+        cos, sin = ctx.cached(("angles", self.rotary.key), lambda: self.rotary.angles(ctx.positions))  # [B, S, rope/2]
         qr = self.q_norm(self.wq_a(x))                                      # [B, S, q_rank]
         q = apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)  # [B, S, H, D]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)                # [B, S, D]
@@ -61,7 +61,8 @@ class Attention(nn.Module):
             kv = fp8_qdq(kv)
         ring = cache.window[self.layer]
         slots = ring.size(1)
-        parts, index = [ring[rows], kv], [window_index(ctx.start, S, self.window, slots).to(x.device)]
+        win = ctx.cached("window_index", lambda: window_index(ctx.start, S, self.window, slots).to(x.device))
+        parts, index = [ring[rows], kv], [win]
         # the newest `slots` rows of this call go into the ring at slot = position % slots
         keep = min(S, slots)
         ring[rows.unsqueeze(1), ctx.positions[:, S - keep:] % slots] = kv[:, S - keep:]

@@ -23,6 +23,12 @@ class ForwardContext:
     # source layer, and the candidate source's position mask
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
+    memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
+
+    def cached(self, key, make):
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
     @property
     def rows_dev(self) -> torch.Tensor:
@@ -40,7 +46,9 @@ class ForwardContext:
         """The same call restricted to each row's last n tokens (bounded replay)."""
         skip = self.n_tokens - n
         mask = None if self.image_mask is None else self.image_mask[:, skip:]
-        return replace(self, start=self.start + skip, n_tokens=n, positions=self.positions[:, skip:], image_mask=mask)
+        return replace(self, start=self.start + skip, n_tokens=n, positions=self.positions[:, skip:], image_mask=mask,
+                       memo={})
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rows, self.positions.cpu()
+        """(rows [B], positions [B, S]) on the CPU, as the Trace receives them."""
+        return self.rows, self.cached("positions_cpu", lambda: self.positions.cpu())

@@ -12,12 +12,33 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     row softmax + eps, column normalise, then (iters − 1) × (row, column) normalisations."""
     if logits.is_meta:  # no values on the meta device: skip the ~80 shape-only ops
         return torch.empty_like(logits)
+    if logits.device.type == "cpu" and not logits.requires_grad:
+        return torch.from_numpy(sinkhorn_numpy(logits.numpy(), iters, eps))
+    return sinkhorn_torch(logits, iters, eps)
+
+
+def sinkhorn_torch(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     c = torch.exp(logits - logits.amax(-1, keepdim=True))
     c = c / c.sum(-1, keepdim=True) + eps
     c = c / (c.sum(-2, keepdim=True) + eps)
     for _ in range(iters - 1):
         c = c / (c.sum(-1, keepdim=True) + eps)
         c = c / (c.sum(-2, keepdim=True) + eps)
+    return c
+
+
+def sinkhorn_numpy(logits, iters: int, eps: float):
+    """The same arithmetic in numpy: on CPU its per-op overhead is ~3x lower than torch's, and the 80
+    tiny sequential ops of a 20-iteration Sinkhorn are a fifth of a tiny model's decode step."""
+    import numpy as np
+
+    e = logits.dtype.type(eps)
+    c = np.exp(logits - logits.max(-1, keepdims=True))
+    c = c / c.sum(-1, keepdims=True) + e
+    c = c / (c.sum(-2, keepdims=True) + e)
+    for _ in range(iters - 1):
+        c /= c.sum(-1, keepdims=True) + e
+        c /= c.sum(-2, keepdims=True) + e
     return c
 
 

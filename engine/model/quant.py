@@ -1,6 +1,8 @@
 """FP8 / FP4 quant-dequant emulation of the reference kernels (spec §3.2–3.3), elementwise per block."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 FP8_MAX = 448.0
@@ -14,7 +16,8 @@ E2M1_TIE_UP = (False, True, False, True, False, True, False)
 
 def pow2_scale(amax: torch.Tensor, max_value: float) -> torch.Tensor:
     """2^ceil(log2(amax / max_value)) via the IEEE bit trick of the kernel (exponent + (mantissa != 0))."""
-    x = (amax.float() * torch.tensor(1.0 / max_value, dtype=torch.float32)).contiguous()
+    # the kernel multiplies by the fp32-rounded reciprocal
+    x = (amax.float() * float(torch.tensor(1.0 / max_value, dtype=torch.float32))).contiguous()
     bits = x.view(torch.int32)
     log2_ceil = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
     return ((log2_ceil + 127) << 23).view(torch.float32)
@@ -25,11 +28,15 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
 
 
+@lru_cache(maxsize=16)
+def _e2m1_tables(dtype: torch.dtype, device: torch.device):
+    return (torch.tensor(E2M1_MIDS, dtype=dtype, device=device), torch.tensor(E2M1_GRID, dtype=dtype, device=device),
+            torch.tensor(E2M1_TIE_UP, device=device))
+
+
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     """v in [-6, 6] → nearest E2M1 value (ties to even code), sign (and −0) preserved."""
-    mids = torch.tensor(E2M1_MIDS, dtype=v.dtype, device=v.device)
-    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
-    tie_up = torch.tensor(E2M1_TIE_UP, device=v.device)
+    mids, grid, tie_up = _e2m1_tables(v.dtype, v.device)
     mag = v.abs()
     below = torch.bucketize(mag, mids, right=False)   # number of midpoints strictly below mag
     upto = torch.bucketize(mag, mids, right=True)     # number of midpoints ≤ mag

@@ -31,6 +31,7 @@ class Rotary(nn.Module):
     def __init__(self, rope_dim: int, base: float, yarn: bool, args, device=None):
         super().__init__()
         self.rope_dim = rope_dim
+        self.key = (rope_dim, base, yarn)  # layers with equal keys rotate identically
         freqs = rope_frequencies(rope_dim, base, args.original_seq_len if yarn else 0, args.rope_factor,
                                  args.beta_fast, args.beta_slow)
         self.register_buffer("freqs", freqs.to(device), persistent=False)
