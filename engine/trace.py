@@ -1,12 +1,14 @@
 """Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, tokens, DSpark)."""
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
+
+from .trace_records import DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
+
+__all__ = ["DSparkStep", "TokenRecord", "Trace", "TraceBudget", "layer_path", "path_order"]
 
 # Fields each kind of per-token × layer fact carries, in the order the model passes them.
 FACT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -17,98 +19,6 @@ FACT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 FACT_KINDS = tuple(FACT_FIELDS)
 MHC_SITES = ("attn", "ffn")
-
-
-@dataclass(frozen=True)
-class TraceBudget:
-    """What a Trace keeps. Facts beyond the budget are counted in `Trace.omitted`, never stored.
-
-    max_tokens: distinct (row, position) token slots that get per-layer facts (first come, first kept;
-    rollback frees slots). None = unbounded. layers: None = every layer, else the dotted paths (or backbone
-    layer numbers) to keep. attention: False, True (every layer) or a set of paths. top_k_logits: per
-    generated token, how many of the highest logits to keep.
-    """
-    max_tokens: int | None = 2048
-    layers: frozenset[str] | None = None
-    attention: bool | frozenset[str] = False
-    top_k_logits: int = 5
-
-    def __post_init__(self) -> None:
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            raise ValueError(f"TraceBudget.max_tokens must be a non-negative integer or None, got {self.max_tokens!r}")
-        if not isinstance(self.top_k_logits, int) or self.top_k_logits < 0:
-            raise ValueError(f"TraceBudget.top_k_logits must be a non-negative integer, got {self.top_k_logits!r}")
-        if self.layers is not None:
-            object.__setattr__(self, "layers", frozenset(_as_path(x) for x in self.layers))
-        if not isinstance(self.attention, bool):
-            object.__setattr__(self, "attention", frozenset(_as_path(x) for x in self.attention))
-
-    def keeps_layer(self, path: str) -> bool:
-        """Whether facts of a module path ('layers.3', 'layers.3.attn', 'mtp.0.ffn') are kept."""
-        return self.layers is None or path in self.layers or layer_path(path) in self.layers
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens,
-                "layers": None if self.layers is None else sorted(self.layers, key=path_order),
-                "attention": self.attention if isinstance(self.attention, bool)
-                else sorted(self.attention, key=path_order),
-                "top_k_logits": self.top_k_logits}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TraceBudget":
-        attention = d.get("attention", False)
-        return cls(max_tokens=d.get("max_tokens"), layers=None if d.get("layers") is None else d["layers"],
-                   attention=attention if isinstance(attention, bool) else frozenset(attention),
-                   top_k_logits=d.get("top_k_logits", 5))
-
-
-@dataclass
-class TokenRecord:
-    """One token of a row: a prompt token (generated=False) or a generated one with its top-k logits."""
-    row: int
-    pos: int
-    token_id: int
-    text: str
-    generated: bool
-    step: int = -1                  # decode step that produced it (-1 for prompt tokens)
-    step_time_s: float = math.nan   # wall time of the forward that produced it
-    top_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    top_logits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    top_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TokenRecord) and _records_equal(vars(self), vars(other))
-
-
-@dataclass
-class DSparkStep:
-    """One speculative step of a row: what was drafted from the anchor, what the verifier kept."""
-    row: int
-    step: int
-    anchor_pos: int                 # position of the last committed token the drafts follow
-    anchor_token: int
-    drafted: np.ndarray             # [n] int64 draft token ids
-    draft_probs: np.ndarray         # [n] float32 q(x_i) under the drafter
-    confidences: np.ndarray         # [g] float32 calibrated confidence per draft slot
-    survival: np.ndarray            # [g] float32 running product of confidences
-    verify_len: int                 # drafts the scheduler sent to verification
-    accepted: int                   # drafts the verifier accepted
-    next_token: int                 # replacement (after a rejection) or bonus token (all accepted)
-    next_kind: str                  # "replacement" | "bonus"
-    time_s: float
-
-    def __post_init__(self) -> None:
-        if self.next_kind not in ("replacement", "bonus"):
-            raise ValueError(f"DSparkStep.next_kind must be 'replacement' or 'bonus', got {self.next_kind!r}")
-        if not 0 <= self.accepted <= self.verify_len <= len(self.drafted):
-            raise ValueError(f"DSparkStep needs 0 <= accepted ({self.accepted}) <= verify_len ({self.verify_len})"
-                             f" <= drafted ({len(self.drafted)})")
-        self.drafted = np.asarray(self.drafted, np.int64).reshape(-1)
-        for name in ("draft_probs", "confidences", "survival"):
-            setattr(self, name, np.asarray(getattr(self, name), np.float32).reshape(-1))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DSparkStep) and _records_equal(vars(self), vars(other))
 
 
 class Trace:
@@ -285,7 +195,7 @@ class Trace:
                 return False
             for pos, f in by_pos.items():
                 g = theirs[row][pos]
-                if f.keys() != g.keys() or not all(_tuples_equal(f[k], g[k]) for k in f):
+                if f.keys() != g.keys() or not all(tuples_equal(f[k], g[k]) for k in f):
                     return False
         return True
 
@@ -333,25 +243,6 @@ class Trace:
         by_pos[pos][(kind, path, site)] = values
 
 
-def layer_path(path: str) -> str:
-    """The layer a module path belongs to: 'layers.3.attn' -> 'layers.3', 'mtp.0.ffn' -> 'mtp.0'."""
-    return ".".join(path.split(".")[:2])
-
-
-def path_order(path: str) -> tuple[int, int, str]:
-    """Sort key for dotted paths: backbone layers by number, then draft stages, then anything else."""
-    head, _, rest = path.partition(".")
-    num, _, tail = rest.partition(".")
-    group = {"layers": 0, "mtp": 1}.get(head, 2)
-    return (group, int(num) if num.isdigit() else -1, path if group == 2 else tail)
-
-
-def _as_path(x: int | str) -> str:
-    if isinstance(x, bool) or not isinstance(x, (int, str)):
-        raise ValueError(f"TraceBudget: a layer must be a number or a dotted path like 'layers.3', got {x!r}")
-    return f"layers.{x}" if isinstance(x, int) else x
-
-
 def _np(t, dtype=np.float32) -> np.ndarray:
     """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype`."""
     if hasattr(t, "detach"):
@@ -361,23 +252,6 @@ def _np(t, dtype=np.float32) -> np.ndarray:
         target = {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
         return t.to(device="cpu", dtype=target, copy=True).numpy()
     return np.array(t, dtype=dtype)
-
-
-def _arrays_equal(a, b) -> bool:
-    if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
-        a, b = np.asarray(a), np.asarray(b)
-        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def _tuples_equal(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(_arrays_equal(x, y) for x, y in zip(a, b))
-
-
-def _records_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(_arrays_equal(a[k], b[k]) for k in a)
 
 
 def _nonempty(d: dict) -> dict:
