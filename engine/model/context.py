@@ -46,8 +46,9 @@ class ForwardContext:
         """The same call restricted to each row's last n tokens (bounded replay)."""
         skip = self.n_tokens - n
         mask = None if self.image_mask is None else self.image_mask[:, skip:]
+        cand = None if self.candidates is None else self.candidates[:, skip:]
         return replace(self, start=self.start + skip, n_tokens=n, positions=self.positions[:, skip:], image_mask=mask,
-                       memo={})
+                       topk={k: v[:, skip:] for k, v in self.topk.items()}, candidates=cand, memo={})
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [B], positions [B, S]) on the CPU, as the Trace receives them."""

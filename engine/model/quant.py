@@ -4,6 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 FP8_MAX = 448.0
 FP4_MAX = 6.0
@@ -46,12 +47,16 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    if x.size(-1) < block and block % x.size(-1) == 0:
-        block = x.size(-1)  # a vector narrower than one block (tiny configs) is a single block
-    if x.size(-1) % block:
-        raise ValueError(f"quantization block {block} does not divide the last dimension {x.size(-1)}")
+    """[..., n] → [..., ceil(n / block), block]; a partial last block (tiny configs only) is zero-padded,
+    which leaves its amax and therefore its scale unchanged."""
     xf = x if x.dtype == torch.float64 else x.float()
-    return xf.unflatten(-1, (-1, block))  # [..., n_blocks, block]
+    if x.size(-1) % block:
+        xf = F.pad(xf, (0, -x.size(-1) % block))
+    return xf.unflatten(-1, (-1, block))
+
+
+def _unblock(yg: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return yg.flatten(-2)[..., : x.size(-1)].to(x.dtype)
 
 
 def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
@@ -61,7 +66,7 @@ def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
         return torch.empty_like(x)
     amax = xg.abs().amax(-1).clamp_min(1e-4)
     s = pow2_scale(amax, FP8_MAX).to(xg.dtype).unsqueeze(-1)
-    return (to_e4m3(xg / s) * s).flatten(-2).to(x.dtype)
+    return _unblock(to_e4m3(xg / s) * s, x)
 
 
 def fp4_qdq(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
@@ -77,4 +82,4 @@ def fp4_qdq(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
     else:
         raise ValueError(f"unknown FP4 scale format {scale!r}; expected 'ue8m0' or 'e4m3'")
     s = s.to(xg.dtype).unsqueeze(-1)
-    return (round_e2m1((xg / s).clamp(-FP4_MAX, FP4_MAX)) * s).flatten(-2).to(x.dtype)
+    return _unblock(round_e2m1((xg / s).clamp(-FP4_MAX, FP4_MAX)) * s, x)
