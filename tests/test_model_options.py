@@ -81,3 +81,11 @@ def test_rollback_margin_option_is_checked():
         tiny_model(options=EngineOptions(rollback_margin=3), **SMALL)
     m = tiny_model(options=EngineOptions(rollback_margin=20), **SMALL)
     assert m.new_cache(1, 16).window_slots == m.args.window_size + 20
+
+
+def test_query_blocking_does_not_change_results():
+    a = tiny_model(**SMALL)
+    b = tiny_model(options=EngineOptions(attn_query_block=3), **SMALL)
+    toks = random_tokens(2, 29, seed=11, vocab=2048)
+    with torch.no_grad():
+        torch.testing.assert_close(a(toks, logits="all"), b(toks, logits="all"), atol=1e-10, rtol=1e-10)

@@ -11,22 +11,22 @@ from .norm import upcast
 DEAD = -1
 
 
-class NgramRows(nn.Module):
-    """Hash of §4.4.3 for all Engram layers, over a per-row history of compressed ids (CPU, int64)."""
+class NgramRows:
+    """Hash of §4.4.3 for all Engram layers over the cache's per-row history of compressed ids. Runs on
+    the CPU in int64 (the history lives there); equals engine.engram_hash.NgramHasher (tested)."""
 
     def __init__(self, args):
-        super().__init__()
         self.max_n = args.engram_max_ngram_size
         self.n_heads = args.engram_n_heads
         # [L, max_n] multipliers, [L, cols] primes and offsets; column order: n-gram size major, head minor
-        self.register_buffer("mult", torch.tensor(engram_layout.multipliers(args), dtype=torch.long), persistent=False)
-        self.register_buffer("primes", torch.tensor(engram_layout.table_sizes(args), dtype=torch.long), persistent=False)
-        self.register_buffer("offsets", torch.tensor(engram_layout.offsets(args), dtype=torch.long), persistent=False)
+        self.mult = torch.tensor(engram_layout.multipliers(args), dtype=torch.long)
+        self.primes = torch.tensor(engram_layout.table_sizes(args), dtype=torch.long)
+        self.offsets = torch.tensor(engram_layout.offsets(args), dtype=torch.long)
 
-    def forward(self, history: torch.Tensor, positions: torch.Tensor, pad: int) -> torch.Tensor:
+    def __call__(self, history: torch.Tensor, positions: torch.Tensor, pad: int) -> torch.Tensor:
         """history [B, T] (already holding this call's ids), positions [B, S] → row ids [B, S, L, cols]."""
         blocked = torch.zeros(positions.shape, dtype=torch.bool)
-        mult = self.mult.cpu()
+        mult = self.mult
         acc = None
         out = []
         for s in range(self.max_n):
@@ -39,7 +39,7 @@ class NgramRows(nn.Module):
             if s >= 1:                                                       # an (s+1)-gram
                 out.append(acc.unsqueeze(-1).expand(*acc.shape, self.n_heads))
         h = torch.cat(out, -1)                                               # [B, S, L, cols]
-        return h % self.primes.cpu() + self.offsets.cpu()
+        return h % self.primes + self.offsets
 
 
 class Engram(nn.Module):

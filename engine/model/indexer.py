@@ -68,17 +68,26 @@ class Indexer(nn.Module):
         if ctx.options.quant_sim:
             q = fp4_qdq(q, 32, "ue8m0")
         w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
-        keys = ctx.cache.index_k[role.index_key_source][ctx.rows_dev, :width]      # [B, W, d]
-        scores = torch.einsum("bshd,btd->bsht", upcast(q), upcast(keys)).relu()
-        scores = (scores * upcast(w).unsqueeze(-1)).sum(2)                           # [B, S, W]
-        visible = ctx.visible(ratio)
-        scores = scores.masked_fill(torch.arange(width, device=x.device) >= visible.unsqueeze(-1), float("-inf"))
+        keys = upcast(ctx.cache.index_k[role.index_key_source][ctx.rows_dev, :width])   # [B, W, d]
+        visible = ctx.visible(ratio)                                                   # [B, S]
+        k = min(self.topk, width)
+        masks, picks = [], []
+        step = ctx.options.attn_query_block   # bounds the [B, block, h, W] score tensor in long prefills
+        for s0 in range(0, S, step):
+            sl = slice(s0, s0 + step)
+            scores = torch.einsum("bshd,btd->bsht", upcast(q[:, sl]), keys).relu()
+            scores = (scores * upcast(w[:, sl]).unsqueeze(-1)).sum(2)                # [B, s, W]
+            vis = visible[:, sl]
+            scores = scores.masked_fill(torch.arange(width, device=x.device) >= vis.unsqueeze(-1), float("-inf"))
+            if role.candidate_source:
+                masks.append(select_candidate_blocks(scores, vis, self.top_blocks, self.block))
+            elif role.uses_candidates:
+                if ctx.candidates is None:
+                    raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
+                scores = scores.masked_fill(~ctx.candidates[:, sl], float("-inf"))
+            idx = stable_topk(scores, k).sort(-1).values
+            # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
+            picks.append(torch.where(idx < vis.unsqueeze(-1), idx, -1))
         if role.candidate_source:
-            ctx.candidates = select_candidate_blocks(scores, visible, self.top_blocks, self.block)
-        elif role.uses_candidates:
-            if ctx.candidates is None:
-                raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
-            scores = scores.masked_fill(~ctx.candidates, float("-inf"))
-        idx = stable_topk(scores, min(self.topk, width)).sort(-1).values
-        # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
-        return torch.where(idx < visible.unsqueeze(-1), idx, -1)
+            ctx.candidates = torch.cat(masks, 1)
+        return torch.cat(picks, 1)
