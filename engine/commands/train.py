@@ -1,0 +1,79 @@
+"""`python -m engine train`: train a V4.1 config on a prepared corpus with the engine's own modules."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "train a model of the V4.1 architecture on a prepared corpus (see prepare_data); checkpoints and resumes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..training.train import TrainConfig
+    d = TrainConfig()
+    parser.add_argument("--config", required=True, help="model config.json (e.g. configs/default-small.json)")
+    parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
+    parser.add_argument("--out", required=True, help="checkpoint directory (e.g. checkpoints/default)")
+    parser.add_argument("--steps", type=int, default=d.steps, help=f"total optimizer steps (default {d.steps})")
+    parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences per step (default {d.batch})")
+    parser.add_argument("--seq", type=int, default=d.seq, help=f"tokens per sequence (default {d.seq})")
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    parser.add_argument("--min-lr", type=float, default=d.min_lr, help=f"final learning rate (default {d.min_lr})")
+    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+    parser.add_argument("--bias-gamma", type=float, default=d.bias_gamma,
+                        help=f"router bias step of the auxiliary-loss-free balancing (default {d.bias_gamma})")
+    parser.add_argument("--seq-aux", type=float, default=d.seq_aux_alpha,
+                        help=f"weight of the sequence-wise balance loss, 0 = off (default {d.seq_aux_alpha})")
+    parser.add_argument("--eval-every", type=int, default=d.eval_every, help=f"held-out evaluation period (default {d.eval_every})")
+    parser.add_argument("--eval-windows", type=int, default=d.eval_windows, help=f"held-out windows (default {d.eval_windows})")
+    parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--autocast", choices=("off", "bf16"), default=d.autocast,
+                        help="bf16 CPU autocast (routers stay fp32); default off: it was slower on this CPU")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..config import load_config
+    from ..engram_map import load_token_map
+    from ..tokenizer import load_tokenizer
+    from ..training.corpus import load_tokens
+    from ..training.train import Trainer, TrainConfig, describe
+    from ..training.vocab import ID_MAP_NAME, IdMap
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_args = load_config(args.config)
+    data_dir = Path(args.data)
+    id_map = IdMap.load(data_dir / ID_MAP_NAME, load_tokenizer())
+    check_vocabulary(model_args, id_map, args.config, data_dir / ID_MAP_NAME)
+    engram_map = id_map.engram_token_map(load_token_map()) if model_args.has_engram else None
+    cfg = TrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
+                      warmup=args.warmup, bias_gamma=args.bias_gamma, seq_aux_alpha=args.seq_aux,
+                      eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every,
+                      seed=args.seed, autocast=args.autocast)
+    trainer = Trainer(model_args, cfg, load_tokens(data_dir), args.out, engram_map=engram_map,
+                      id_map_file=data_dir / ID_MAP_NAME, resume=args.resume)
+    print(describe(trainer))
+    rows = trainer.run(progress=not args.no_progress)
+    if rows:
+        last = rows[-1]
+        print(f"step {last['step']}: train loss {last['train_loss']:.4f}, held-out loss {last.get('heldout_loss', float('nan')):.4f}, "
+              f"{trainer.tokens:,} tokens in {trainer.elapsed:.0f} s; checkpoint in {args.out}")
+    return 0
+
+
+def check_vocabulary(model_args, id_map, config_path, id_map_path) -> None:
+    """The config must be sized for the id map: same vocab_size, and DSpark's noise token in model ids."""
+    from ..tokenizer import NOISE_ID
+
+    noise = id_map.model_id(NOISE_ID)
+    if id_map.vocab_size != model_args.vocab_size:
+        raise ValueError(f"{config_path}: vocab_size {model_args.vocab_size} differs from the {id_map.vocab_size} ids "
+                         f"of {id_map_path}; set vocab_size to {id_map.vocab_size} and dspark_noise_token_id to {noise}")
+    if model_args.has_dspark and model_args.dspark_noise_token_id != noise:
+        raise ValueError(f"{config_path}: dspark_noise_token_id is {model_args.dspark_noise_token_id}, but the noise "
+                         f"token {NOISE_ID} is model id {noise} under {id_map_path}")
