@@ -1,14 +1,14 @@
-"""Streamlit entry point: page config, navigation (st.navigation, pages/ listed explicitly) and the shared sidebar."""
+"""Streamlit entry point and home page. Pages are auto-discovered from pages/ (no st.navigation: mixing the two
+makes the first request of a fresh server run a page without this shell); each page calls page_setup()."""
 import streamlit as st
 
-from v41viz.sidebar import config_sidebar
+from v41viz.sidebar import page_setup
 
-st.set_page_config(page_title="v41viz", page_icon="🧭", layout="wide")
-page = st.navigation([
-    st.Page("pages/architecture.py", title="Architecture", icon=":material/account_tree:", default=True),
-    st.Page("pages/compare.py", title="Compare configs", icon=":material/compare_arrows:"),
-])
-config_sidebar()
-if notice := st.session_state.pop("config_notice", None):
-    st.warning(notice)
-page.run()
+page_setup("Home")
+st.title("v41viz")
+st.markdown("An inspector for DeepSeek-V4.1-Flash and its predecessor V4-Flash, drawn from their `config.json` "
+            "and backed by the project's PyTorch engine.")
+st.page_link("pages/architecture.py", label="Architecture — the diagram, module details and accounting",
+             icon=":material/account_tree:")
+st.page_link("pages/compare.py", label="Compare — two configs side by side", icon=":material/compare_arrows:")
+st.caption("The config chosen in the sidebar is shared by every page; each page's URL keeps its view.")

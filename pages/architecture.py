@@ -2,8 +2,9 @@
 import streamlit as st
 
 from v41viz import architecture_ui as ui
-from v41viz.sidebar import current_view
+from v41viz.sidebar import current_view, page_setup
 
+page_setup("Architecture")
 config_key, view = current_view()
 state = ui.sync_state(config_key, view)
 ui.header(view)

@@ -2,8 +2,9 @@
 import streamlit as st
 
 from v41viz import compare
-from v41viz.sidebar import available_configs, args_for
+from v41viz.sidebar import args_for, available_configs, page_setup
 
+page_setup("Compare")
 st.title("Compare configs")
 st.caption("Both columns are derived from the configs (no live data). Rows that differ are highlighted.")
 options = available_configs()

@@ -16,6 +16,8 @@ def app(**query) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     for k, v in query.items():
         at.query_params[k] = v
+    at.run()
+    at.switch_page("pages/architecture.py")
     return at.run()
 
 
@@ -45,7 +47,7 @@ def test_default_view_shows_v41_with_details_and_accounting():
 def test_url_restores_config_node_and_expansion():
     at = app(config="tiny-v4.1", node="layers.4.engram", expand="layers.9")  # layers.9 is not a folded group
     assert not at.exception
-    assert at.sidebar.selectbox(key="config_choice").value == "tiny-v4.1"
+    assert at.sidebar.selectbox(key="config_widget").value == "tiny-v4.1"
     assert at.selectbox(key="arch_node").value == "layers.4.engram"
     assert "#### Engram" in details_text(at)
     assert any("unknown group(s): layers.9" in w.value for w in at.warning)
@@ -81,10 +83,23 @@ def test_every_preset_renders(name):
 
 
 def test_unknown_config_in_url_falls_back_with_a_notice():
-    at = app(config="no-such-model")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["config"] = "no-such-model"
+    at.run()                       # the home page: the shared sidebar reads the link on any page
     assert not at.exception
-    assert at.title[0].value == "deepseek-v4.1-flash"
+    assert at.sidebar.selectbox(key="config_widget").value == "deepseek-v4.1-flash"
     assert any("Unknown config 'no-such-model'" in w.value for w in at.warning)
+    at.switch_page("pages/architecture.py").run()
+    assert at.title[0].value == "deepseek-v4.1-flash"
+
+
+def test_the_view_survives_a_visit_to_another_page():
+    at = app(config="tiny-v4.1", node="layers.6.attn.indexer")
+    at.switch_page("pages/compare.py").run()
+    at.switch_page("pages/architecture.py").run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="config_widget").value == "tiny-v4.1"
+    assert at.selectbox(key="arch_node").value == "layers.6.attn.indexer"
 
 
 def test_upload_parsing_names_the_problem():

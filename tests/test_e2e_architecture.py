@@ -17,7 +17,7 @@ SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
-SHARED = "/?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
+SHARED = "/architecture?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
 
 
 def _free_port() -> int:
@@ -101,7 +101,7 @@ def test_shared_url_restores_the_view(server, browser):
 
 def test_click_a_box_opens_its_details(server, browser):
     base, _ = server
-    page = _open(browser, base + "/?config=deepseek-v4.1-flash")
+    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash")
     plot = page.locator(".js-plotly-plot").first
     target = plot.locator("g.annotation-text-g").filter(has_text="LM head").first
     target.scroll_into_view_if_needed()
@@ -120,7 +120,7 @@ def test_click_a_box_opens_its_details(server, browser):
 
 def test_selecting_attention_shows_engine_source_or_says_missing(server, browser):
     base, _ = server
-    page = _open(browser, base + "/?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
+    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
     panel = _details(page)
     panel.get_by_text("Lightning indexer").first.wait_for(timeout=30_000)
     text = panel.inner_text()
@@ -138,7 +138,7 @@ def test_selecting_attention_shows_engine_source_or_says_missing(server, browser
 
 def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tmp_path):
     base, _ = server
-    page = _open(browser, base + "/?config=tiny-v4")
+    page = _open(browser, base + "/architecture?config=tiny-v4")
     bad = tmp_path / "config.json"
     bad.write_text('{"dim": 64, "n_layers": 2')
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad))

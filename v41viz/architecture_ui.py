@@ -13,12 +13,17 @@ from .url_state import ViewState, from_query, sanitize, to_query
 from . import panels
 
 NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_last_pick"
+# Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
+KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept"}
 
 
 def sync_state(config_key: str, view: ModelView) -> ViewState:
     """Bring node/expansion widgets in line with the URL (first visit), a config change, or a diagram click."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
-    if st.session_state.get(OWNER) != config_key:
+    for widget, kept in KEEP.items():  # back from another page: restore the widgets from the kept values
+        if widget not in st.session_state and kept in st.session_state:
+            st.session_state[widget] = st.session_state[kept]
+    if st.session_state.get(OWNER) != config_key or NODE not in st.session_state:
         url = from_query(st.query_params)
         first_visit = OWNER not in st.session_state
         wanted = url if first_visit and url.config == config_key else ViewState(config_key)
@@ -34,6 +39,7 @@ def sync_state(config_key: str, view: ModelView) -> ViewState:
     if points and points != st.session_state.get(PICK) and points[0] in g:
         st.session_state[NODE] = points[0]
     st.session_state[PICK] = points
+    st.session_state[KEEP[NODE]], st.session_state[KEEP[EXPAND]] = st.session_state[NODE], list(st.session_state[EXPAND])
     return ViewState(config_key, st.session_state[NODE], tuple(sorted(st.session_state[EXPAND])))
 
 

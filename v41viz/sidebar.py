@@ -10,7 +10,8 @@ from engine.config import ConfigError, ModelArgs, config_from_dict, list_presets
 from .model_view import ModelView, build_view
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
-CHOICE = "config_choice"     # session key of the selectbox
+CHOICE = "config_choice"     # session key of the chosen config (plain state: survives page switches)
+WIDGET = "config_widget"     # the selectbox's own key, re-seeded from CHOICE on every page
 UPLOADS = "uploaded_configs"  # session key: {"upload:<name>": (text, ModelArgs)}
 
 
@@ -40,6 +41,14 @@ def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
     return build_view(_args)
 
 
+def page_setup(title: str) -> None:
+    """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar."""
+    st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    config_sidebar()
+    if notice := st.session_state.pop("config_notice", None):
+        st.warning(notice)
+
+
 def config_sidebar() -> None:
     """Render the config picker; the choice lives in st.session_state and the `config` query parameter."""
     presets = list(list_presets())
@@ -62,12 +71,17 @@ def config_sidebar() -> None:
         _take_upload(file.name, file.getvalue(), uploads)
     with st.sidebar:
         st.markdown("### Model config")
-        st.selectbox("Config", presets + list(uploads), key=CHOICE,
+        st.session_state[WIDGET] = st.session_state[CHOICE]
+        st.selectbox("Config", presets + list(uploads), key=WIDGET, on_change=_copy_choice,
                      format_func=lambda k: k.removeprefix(UPLOAD_PREFIX) + (" (uploaded)" if k in uploads else ""))
         st.file_uploader("…or upload a config.json", type=["json"], key="config_upload")
         if msg := st.session_state.get("config_error"):
             st.error(msg)
         st.caption("Presets live in `configs/`. Uploaded configs stay in this browser session only.")
+
+
+def _copy_choice() -> None:
+    st.session_state[CHOICE] = st.session_state[WIDGET]
 
 
 def _take_upload(name: str, data: bytes, uploads: dict) -> None:
