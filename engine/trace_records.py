@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+
 @dataclass(frozen=True)
 class TraceBudget:
     """What a Trace keeps. Facts beyond the budget are counted in `Trace.omitted`, never stored.
