@@ -7,7 +7,7 @@ from torch import nn
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """fp32 for bf16/fp16/fp32 tensors; float64 stays float64 (used by the exactness tests)."""
-    return x if x.dtype == torch.float64 else x.float()
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 class RMSNorm(nn.Module):
