@@ -38,17 +38,18 @@ class Trace:
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
         ids = _np(ids, np.int64)
         vision = np.zeros(ids.shape[:2], bool) if vision is None else _np(vision, bool)
-        self._record("moe", path, "", rows, positions, (ids, _np(weights), _np(scores), vision))
+        weights, scores = _np_many((weights, scores))
+        self._record("moe", path, "", rows, positions, (ids, weights, scores, vision))
 
     def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
         if site not in MHC_SITES:
             raise ValueError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
         self._record("mhc", path, site, rows, positions,
-                     (_np(pre), _np(post), _np(comb), _np(row_err), _np(col_err)))
+                     tuple(_np_many((pre, post, comb, row_err, col_err))))
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
         self._record("engram", path, "", rows, positions,
-                     (_np(compressed_ids, np.int64), _np(row_ids, np.int64), _np(gates)))
+                     (*_np_many((compressed_ids, row_ids), np.int64), _np(gates)))
 
     def wants_attention(self, path: str) -> bool:
         a = self.budget.attention
@@ -58,8 +59,8 @@ class Trace:
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
         if not self.wants_attention(path):
             return
-        self._record("attention", path, "", rows, positions, (_np(topk, np.int64), _np(window_mass),
-                                                             _np(compressed_mass), _np(sink_mass)))
+        self._record("attention", path, "", rows, positions,
+                     (_np(topk, np.int64), *_np_many((window_mass, compressed_mass, sink_mass))))
 
     # ---- what generation calls ------------------------------------------------------------
     def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
@@ -246,12 +247,25 @@ class Trace:
 def _np(t, dtype=np.float32) -> np.ndarray:
     """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype`."""
     if hasattr(t, "detach"):
-        t = t.detach()
-        # bf16/fp16 have no numpy dtype; fp32 holds them exactly. copy=True: the model may reuse the buffer.
         import torch
         target = {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
-        return t.to(device="cpu", dtype=target, copy=True).numpy()
+        # bf16/fp16 have no numpy dtype; fp32 holds them exactly. copy=True: the model may reuse the buffer.
+        return t.detach().to(device="cpu", dtype=target, copy=True).numpy()
     return np.array(t, dtype=dtype)
+
+
+def _np_many(tensors: tuple, dtype=np.float32) -> list[np.ndarray]:
+    """Several tensors as arrays of one dtype through a single copy to the host (one sync on a GPU)."""
+    if not all(hasattr(t, "detach") for t in tensors) or len({t.device for t in tensors}) != 1:
+        return [_np(t, dtype) for t in tensors]
+    import torch
+    target = {np.float32: torch.float32, np.int64: torch.int64}[dtype]
+    flat = torch.cat([t.detach().reshape(-1).to(target) for t in tensors]).cpu().numpy()  # cat makes a copy
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start:start + t.numel()].reshape(tuple(t.shape)))
+        start += t.numel()
+    return out
 
 
 def _nonempty(d: dict) -> dict:
