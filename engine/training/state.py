@@ -53,9 +53,7 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
             raise ValueError(f"{out / OPTIMIZER_NAME}: optimizer state for '{name}', which is not a trained "
                              "parameter of this model (different config?)")
         restored.setdefault(by_name[name], {})[field] = t
-    missing = [n for n, p in by_name.items() if p not in restored] if restored else []
-    if missing and state.get("step", 0) > 0:
-        raise ValueError(f"{out / OPTIMIZER_NAME}: no optimizer state for {len(missing)} parameter(s), e.g. '{missing[0]}'")
+    # parameters that never received a gradient (e.g. indexer weights, which only select) have no moments
     optimizer.state.clear()
     for p, moments in restored.items():
         optimizer.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
