@@ -96,6 +96,7 @@ def test_shared_url_restores_the_view(server, browser):
     assert "inside layers.14" in svg_text
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "architecture_shared_url.png"), full_page=True)
+    page.locator("[data-testid='stPlotlyChart']").first.screenshot(path=str(SHOTS / "architecture_diagram_v41.png"))
     page.close()
 
 
@@ -153,6 +154,7 @@ def test_compare_page(server, browser):
     page = browser.new_page(viewport={"width": 1600, "height": 1300})
     page.goto(base + "/compare")
     page.get_by_text("sizes and mechanisms differ").wait_for(timeout=60_000)
+    page.get_by_text("learned hc_head").wait_for(timeout=60_000)     # the side-by-side table has rendered
     text = page.inner_text("body")
     assert "Engram" in text and "learned hc_head" in text and "shared: sources [2, 8, 14, 20]" in text
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)

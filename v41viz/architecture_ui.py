@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from .details import human, node_details
+from .details import display_table, human, node_details
 from .diagram import build_figure
 from .layout import build_layout
 from .model_view import ModelView
@@ -131,11 +131,12 @@ def details(view: ModelView, node: str) -> None:
     st.markdown("**Formula**")
     st.code(d.doc.formula, language=None)
     if d.tensors is not None and len(d.tensors):
-        st.markdown("**Checkpoint tensors** (routed experts folded into `{i}` rows)")
-        if len(d.tensors) <= 12:  # small: a static table reads better (and its text is selectable)
-            st.table(d.tensors.set_index("tensor"))
+        st.markdown(f"**Checkpoint tensors** under `{d.node}` (routed experts folded into `{{i}}` rows)")
+        table = display_table(d.tensors, d.node)
+        if len(table) <= 12:  # small: a static table reads better (and its text is selectable)
+            st.table(table.set_index("tensor"))
         else:
-            st.dataframe(d.tensors, hide_index=True, width="stretch", height=320)
+            st.dataframe(table, hide_index=True, width="stretch", height=320)
     src = engine_source(d.type)
     if src.found and view.args.family != "v4.1":
         st.caption("The engine runs the V4.1 family only; below is its V4.1 implementation of this kind of module.")

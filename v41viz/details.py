@@ -66,6 +66,15 @@ def tensor_table(g: nx.DiGraph, node: str) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()), columns=["tensor", "shape", "dtype", "count", "params", "bytes"])
 
 
+def display_table(table: pd.DataFrame, node: str) -> pd.DataFrame:
+    """Names relative to the node ('wk.weight', '_fn') and readable sizes, for a narrow panel."""
+    out = table.copy()
+    out["tensor"] = [t[len(node):].lstrip(".") if t.startswith(node) else t for t in out["tensor"]]
+    out["params"] = [human(v) for v in out["params"]]
+    out["bytes"] = [human(v, "B") for v in out["bytes"]]
+    return out.rename(columns={"count": "×"})
+
+
 def human(n: float | None, unit: str = "") -> str:
     """1234567 → '1.23M'; bytes use binary units when unit == 'B'."""
     if n is None:
