@@ -45,6 +45,16 @@ def test_bad_invocations_get_a_clear_error(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_too_long_or_empty_prompts_fail_before_any_output(capsys):
+    long = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "word " * 600, "--max-new-tokens", "1"]
+    assert main(long) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "more than the model's max_seq_len of 512" in err
+    empty = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "", "--no-bos", "--max-new-tokens", "1"]
+    assert main(empty) == 2
+    assert "prompt 0 is empty" in capsys.readouterr().err
+
+
 def test_bench_reports_throughput_and_trace_overhead(capsys):
     assert main(["bench", "--config", "tiny-v4.1", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1",
                  "--json"]) == 0

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..generate import Engine
+    from ..generate import Engine, check_prompts
     from ..trace import Trace, TraceBudget
     from ..trace_io import trace_format
 
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                             "seed": args.seed})
+    check_prompts([engine.encode(args.prompt, not args.no_bos)], engine.args.vocab_size, engine.args.max_seq_len)
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
