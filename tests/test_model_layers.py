@@ -245,3 +245,17 @@ def test_attention_trace_masses_sum_to_one(model, tokens):
             # position 0 has passed no ratio-2 group, but its own ratio-1 row is visible
             want = [-1] * model.args.index_topk if ratio == 2 else [0] + [-1] * (model.args.index_topk - 1)
             assert rec["topk"][0, 0].tolist() == want
+
+
+def test_taps_are_stream_means_entering_the_target_layers(model, tokens):
+    seen = {}
+    hooks = [model.layers[i].register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0].mean(2)))
+             for i in model.args.dspark_target_layer_ids]
+    with torch.no_grad():
+        logits, taps = model(tokens[:, :9], return_taps=True)
+    for h in hooks:
+        h.remove()
+    d = model.args.dim
+    assert taps.shape == (1, 9, len(model.args.dspark_target_layer_ids) * d)
+    for k, i in enumerate(model.args.dspark_target_layer_ids):
+        assert torch.equal(taps[..., k * d:(k + 1) * d], seen[i])
