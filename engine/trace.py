@@ -245,27 +245,34 @@ class Trace:
 
 
 def _np(t, dtype=np.float32) -> np.ndarray:
-    """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype`."""
+    """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype` (always a copy:
+    the model may reuse its buffers)."""
     if hasattr(t, "detach"):
-        import torch
-        target = {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
-        # bf16/fp16 have no numpy dtype; fp32 holds them exactly. copy=True: the model may reuse the buffer.
-        return t.detach().to(device="cpu", dtype=target, copy=True).numpy()
+        t = t.detach()
+        if t.device.type != "cpu" or (t.dtype.is_floating_point and t.dtype.itemsize < 4):  # bf16/fp16: fp32 is exact
+            t = t.to(device="cpu", dtype=_torch_dtype(dtype))
+        return t.numpy().astype(dtype, copy=True)
     return np.array(t, dtype=dtype)
 
 
 def _np_many(tensors: tuple, dtype=np.float32) -> list[np.ndarray]:
-    """Several tensors as arrays of one dtype through a single copy to the host (one sync on a GPU)."""
-    if not all(hasattr(t, "detach") for t in tensors) or len({t.device for t in tensors}) != 1:
+    """Several tensors as arrays of one dtype; from a GPU through a single host copy (one sync)."""
+    devices = {getattr(t, "device", None) for t in tensors}
+    if len(devices) != 1 or None in devices or next(iter(devices)).type == "cpu":
         return [_np(t, dtype) for t in tensors]
     import torch
-    target = {np.float32: torch.float32, np.int64: torch.int64}[dtype]
+    target = _torch_dtype(dtype)
     flat = torch.cat([t.detach().reshape(-1).to(target) for t in tensors]).cpu().numpy()  # cat makes a copy
     out, start = [], 0
     for t in tensors:
         out.append(flat[start:start + t.numel()].reshape(tuple(t.shape)))
         start += t.numel()
     return out
+
+
+def _torch_dtype(dtype):
+    import torch
+    return {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
 
 
 def _nonempty(d: dict) -> dict:
