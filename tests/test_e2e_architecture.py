@@ -70,10 +70,10 @@ def browser():
 
 
 def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1600, "height": 1300})
+    page = browser.new_page(viewport={"width": 1600, "height": 2200})  # tall: the whole V4.1 diagram fits
     page.goto(url)
-    page.get_by_text("Reading this diagram").wait_for(timeout=60_000)
-    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    page.get_by_text("Reading this diagram").wait_for(timeout=90_000)
+    page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
     page.wait_for_timeout(800)
     return page
 
@@ -111,10 +111,16 @@ def test_click_a_box_opens_its_details(server, browser):
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     panel = _details(page)
     panel.get_by_text("Scores all 129,280 tokens").first.wait_for(timeout=30_000)
+    panel.get_by_text("[129280, 5120]").first.wait_for(timeout=15_000)   # the head's checkpoint tensor shape
     text = panel.inner_text()
-    assert "LM head" in text and "129,280" in text
-    assert "[129280, 5120]" in text                 # the head's checkpoint tensor shape
+    assert "LM head" in text and "661.91M" in text and "BF16" in text
     page.wait_for_function("() => window.location.search.includes('node=head')", timeout=10_000)
+    router = plot.locator("g.annotation-text-g").filter(has_text="Router").first
+    rb = router.bounding_box()
+    page.mouse.move(rb["x"] + rb["width"] / 2, rb["y"] + rb["height"] / 2)
+    hover = page.locator(".hoverlayer .hovertext").first
+    hover.wait_for(timeout=10_000)
+    assert "layers.2.ffn.gate" in hover.text_content() and "params" in hover.text_content()
     page.screenshot(path=str(SHOTS / "architecture_clicked_head.png"), full_page=True)
     page.close()
 
@@ -134,6 +140,18 @@ def test_selecting_attention_shows_engine_source_or_says_missing(server, browser
     else:
         assert "not implemented in the engine yet" in text
     page.screenshot(path=str(SHOTS / "architecture_indexer.png"), full_page=True)
+    page.close()
+
+
+def test_v4_dspark_pairs_fold_and_expand(server, browser):
+    base, _ = server
+    page = _open(browser, base + "/architecture?config=deepseek-v4-flash-dspark&node=layers.0.ffn.gate")
+    svg = page.locator(".js-plotly-plot").first.inner_text()
+    assert "layers 3–38" in svg and "×18 pairs" in svg and "mHC head" in svg
+    panel = _details(page)
+    assert "Hash router" in panel.inner_text()
+    assert "not implemented in the engine yet" in panel.inner_text()      # V4 hash routing is not in the engine
+    page.locator("[data-testid='stPlotlyChart']").first.screenshot(path=str(SHOTS / "architecture_diagram_v4_dspark.png"))
     page.close()
 
 
