@@ -8,11 +8,15 @@ page_setup("Compare")
 st.title("Compare configs")
 st.caption("Both columns are derived from the configs (no live data). Rows that differ are highlighted.")
 options = available_configs()
+for side, default in (("a", "deepseek-v4-flash"), ("b", "deepseek-v4.1-flash")):  # the URL (?a=&b=) seeds the pickers
+    if f"compare_{side}" not in st.session_state:
+        wanted = st.query_params.get(side, default)
+        st.session_state[f"compare_{side}"] = wanted if wanted in options else options[0]
 c1, c2 = st.columns(2)
-key_a = c1.selectbox("A", options, index=options.index("deepseek-v4-flash") if "deepseek-v4-flash" in options else 0,
-                     key="compare_a")
-key_b = c2.selectbox("B", options, index=options.index("deepseek-v4.1-flash") if "deepseek-v4.1-flash" in options else 0,
-                     key="compare_b")
+key_a = c1.selectbox("A", options, key="compare_a")
+key_b = c2.selectbox("B", options, key="compare_b")
+if (st.query_params.get("a"), st.query_params.get("b")) != (key_a, key_b):
+    st.query_params.from_dict({"a": key_a, "b": key_b})
 a, b = args_for(key_a), args_for(key_b)
 
 

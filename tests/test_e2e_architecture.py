@@ -164,6 +164,13 @@ def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tm
     page.get_by_text("Upload rejected").wait_for(timeout=30_000)
     assert "invalid JSON" in page.locator("[data-testid='stSidebar']").inner_text()
     assert "tiny-v4" in page.locator("h1").first.inner_text()   # still showing the previous config
+    good = tmp_path / "my-model.json"
+    good.write_text((ROOT / "configs" / "tiny-v4.1.json").read_text())
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(good))
+    page.get_by_role("heading", name="my-model").wait_for(timeout=60_000)
+    page.wait_for_function("() => window.location.search.includes('config=upload%3Amy-model.json')"
+                           " || window.location.search.includes('config=upload:my-model.json')", timeout=15_000)
+    assert "inside layers.2" in page.locator(".js-plotly-plot").first.inner_text()
     page.close()
 
 
