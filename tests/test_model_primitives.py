@@ -39,14 +39,14 @@ def test_rope_is_interleaved_on_last_channels_and_inverts():
     rot = Rotary(4, 10000.0, False, V41)
     x = torch.randn(1, 3, 6)
     pos = torch.tensor([[0, 1, 5]])
-    cos, sin = rot.angles(pos)
-    y = apply_rope(x, cos, sin)
+    cis = rot.cis(pos)
+    y = apply_rope(x, cis)
     torch.testing.assert_close(y[..., :2], x[..., :2])       # nope channels untouched
     theta = 5 * 1.0                                          # pair 0 at position 5 rotates by 5 rad
     a, b = x[0, 2, 2], x[0, 2, 3]
     torch.testing.assert_close(y[0, 2, 2:4], torch.stack([a * math.cos(theta) - b * math.sin(theta),
                                                            a * math.sin(theta) + b * math.cos(theta)]))
-    torch.testing.assert_close(apply_rope(y, cos, sin, inverse=True), x)
+    torch.testing.assert_close(apply_rope(y, cis, inverse=True), x)
 
 
 def test_pow2_scale_is_ceil_log2():

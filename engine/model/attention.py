@@ -53,10 +53,10 @@ class Attention(nn.Module):
         B, S, _ = x.shape
         quant = ctx.options.quant_sim
         cache, rows = ctx.cache, ctx.rows_dev
-        cos, sin = ctx.cached(("angles", self.rotary.key), lambda: self.rotary.angles(ctx.positions))  # [B, S, rope/2]
+        cis = ctx.cached(("cis", self.rotary.key), lambda: self.rotary.cis(ctx.positions))  # [B, S, rope/2] complex
         qr = self.q_norm(self.wq_a(x))                                      # [B, S, q_rank]
-        q = apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)  # [B, S, H, D]
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)                # [B, S, D]
+        q = apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cis)  # [B, S, H, D]
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cis)                # [B, S, D]
         if quant:
             kv = fp8_qdq(kv)
         ring = cache.window[self.layer]
@@ -68,7 +68,7 @@ class Attention(nn.Module):
         ring[rows.unsqueeze(1), ctx.positions[:, S - keep:] % slots] = kv[:, S - keep:]
         topk = None
         if self.role.ratio:
-            compressed, topk = self._compressed(x, qr, cos, sin, ctx)
+            compressed, topk = self._compressed(x, qr, cis, ctx)
             parts.append(compressed)
             index.append(torch.where(topk >= 0, topk + slots + S, -1))
         kv_all, idx = torch.cat(parts, 1), torch.cat(index, -1)
@@ -84,31 +84,31 @@ class Attention(nn.Module):
             trace.record_attention(f"{self.role.path}.attn", r_, pos,
                                    topk if topk is not None else idx.new_empty(B, S, 0),
                                    p[..., :n_win].sum(-1), p[..., n_win:].sum(-1), sink_p)
-        o = apply_rope(o, cos, sin, inverse=True)                           # strip the query rotation V carries
+        o = apply_rope(o, cis, inverse=True)                           # strip the query rotation V carries
         o = o.reshape(B, S, self.groups, -1)                                 # [B, S, G, H·D/G], heads grouped in order
         wo_a = self.wo_a.weight.view(self.groups, self.o_rank, -1)          # [G, o_rank, H·D/G]
         z = torch.einsum("bsgd,grd->bsgr", o.to(wo_a.dtype), wo_a)           # [B, S, G, o_rank]
         return self.wo_b(z.flatten(2))
 
-    def _compressed(self, x, qr, cos, sin, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compressed(self, x, qr, cis, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Publish this call's compressed rows (KV sources), then read the source's rows and the index list."""
         role, cache, rows = self.role, ctx.cache, ctx.rows_dev
         src, ratio = role.kv_source, ctx.cache.ratio[role.kv_source]
         if role.kv_mode == "own":
             latent, group, valid = self.compressor(x, ctx)                   # [B, G, D] pre-RoPE
             if latent.size(1):
-                gcos, gsin = self.rotary.angles(group * ratio)              # a group sits at its first token
+                gcis = self.rotary.cis(group * ratio)              # a group sits at its first token
                 scratch = cache.comp_kv[src].size(1) - 1
                 dest = torch.where(valid, group, scratch)
                 # the indexer keys come from the pre-RoPE latent, before the KV is rotated and quantized
-                keys = self.indexer.keys(latent, gcos, gsin, ctx.options.quant_sim)
+                keys = self.indexer.keys(latent, gcis, ctx.options.quant_sim)
                 cache.index_k[src][rows.unsqueeze(1), dest] = keys.to(cache.index_k[src].dtype)
-                ckv = apply_rope(latent, gcos, gsin)
+                ckv = apply_rope(latent, gcis)
                 if ctx.options.quant_sim:
                     ckv = fp4_qdq(ckv, 16, "e4m3")
                 cache.comp_kv[src][rows.unsqueeze(1), dest] = ckv.to(cache.comp_kv[src].dtype)
         if role.indexer in ("own", "reindex"):
-            topk = self.indexer(x, qr, cos, sin, ctx)
+            topk = self.indexer(x, qr, cis, ctx)
             ctx.topk[role.layer] = topk
         else:
             topk = ctx.topk[role.index_source]

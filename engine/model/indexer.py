@@ -50,13 +50,12 @@ class Indexer(nn.Module):
             self.wk = Linear(args.head_dim, self.head_dim, dtype=dtype, device=device)
             self.k_norm = RMSNorm(self.head_dim, args.norm_eps, dtype=dtype, device=device)
 
-    def keys(self, latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, quant: bool) -> torch.Tensor:
+    def keys(self, latent: torch.Tensor, cis: torch.Tensor, quant: bool) -> torch.Tensor:
         """Pre-RoPE latents [B, G, head_dim] → index keys [B, G, index_head_dim] (rope at the group position)."""
-        k = apply_rope(self.k_norm(self.wk(latent)), cos, sin)
+        k = apply_rope(self.k_norm(self.wk(latent)), cis)
         return fp4_qdq(k, 32, "ue8m0") if quant else k
 
-    def forward(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """→ index list [B, S, k] of compressed rows (ascending; −1 = empty) for this call's queries."""
         role, B, S = self.role, x.size(0), x.size(1)
         ratio = ctx.cache.ratio[role.index_key_source]
@@ -64,7 +63,7 @@ class Indexer(nn.Module):
         if width == 0:
             return torch.empty(B, S, 0, dtype=torch.long, device=x.device)
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
-        q = apply_rope(q, cos, sin)
+        q = apply_rope(q, cis)
         if ctx.options.quant_sim:
             q = fp4_qdq(q, 32, "ue8m0")
         w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]

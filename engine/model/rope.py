@@ -36,25 +36,23 @@ class Rotary(nn.Module):
                                  args.beta_fast, args.beta_slow)
         self.register_buffer("freqs", freqs.to(device), persistent=False)
 
-    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [...] int64 → (cos, sin) [..., rope_dim/2] fp32, angle = pos·θ in fp32 as the reference."""
+    def cis(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions [...] int64 → e^{i·pos·θ} [..., rope_dim/2] complex64, angle = pos·θ in fp32 as the reference."""
         ang = positions.to(self.freqs.device, torch.float32).unsqueeze(-1) * self.freqs
-        return torch.cos(ang), torch.sin(ang)
+        return torch.polar(torch.ones_like(ang), ang)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotate the last 2·cos.size(-1) channels of x as complex pairs (x[2i], x[2i+1]).
+def apply_rope(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last 2·cis.size(-1) channels of x as complex pairs (x[2i], x[2i+1]) by cis.
 
-    x [B, S, D] with cos [B, S, R/2], or x [B, S, H, D] (cos broadcast over heads). Returns a new tensor.
+    x [B, S, D] with cis [B, S, R/2], or x [B, S, H, D] (cis broadcast over heads). Returns a new tensor.
     inverse=True multiplies by the conjugate (strips a rotation again).
     """
-    rd = 2 * cos.size(-1)
-    if x.dim() == cos.dim() + 1:
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    if inverse:
-        sin = -sin
-    rot = upcast(x[..., -rd:]).unflatten(-1, (-1, 2))  # [..., R/2, 2]
-    a, b = rot[..., 0], rot[..., 1]
-    cos, sin = cos.to(a.dtype), sin.to(a.dtype)
-    out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    rd = 2 * cis.size(-1)
+    if x.dim() == cis.dim() + 1:
+        cis = cis.unsqueeze(-2)
+    pairs = upcast(x[..., -rd:]).unflatten(-1, (-1, 2)).contiguous()      # [..., R/2, 2]
+    z = torch.view_as_complex(pairs)
+    rot = cis.to(z.dtype)
+    out = torch.view_as_real(z * (rot.conj() if inverse else rot)).flatten(-2)
     return torch.cat([x[..., :-rd], out.to(x.dtype)], dim=-1)
