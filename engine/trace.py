@@ -226,12 +226,11 @@ class Trace:
             self.omitted[kind] += b * s
             return
         key = (kind, path, site)
-        for i in range(b):
-            row = int(rows[i])
-            for j in range(s):
-                pos = int(positions[i, j])
+        for i, (row, row_positions) in enumerate(zip(rows.tolist(), positions.tolist())):
+            per_token = zip(*(list(a[i]) for a in arrays))  # S tuples of this token's field values
+            for pos, values in zip(row_positions, per_token):
                 if self._admit(row, pos):
-                    self._facts[row][pos][key] = tuple(a[i, j] for a in arrays)
+                    self._facts[row][pos][key] = values
                 else:
                     self.omitted[kind] += 1
 
