@@ -53,9 +53,9 @@ def build_figure(lay: Layout, selected: str = "", hover: dict[str, str] | None =
         text = title + (f"<br><span style='font-size:9.5px;color:#4b5563'>{b.subtitle}</span>" if b.subtitle else "")
         notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=10 if b.dim else 11, color="#111827")))
         if b.badge:
-            # above the top-right corner, in the gap between rows, so it never covers the title
-            notes.append(dict(x=b.x + b.w / 2 + 0.16, y=-(b.y - b.h / 2) + 0.04, text=f"<b>{b.badge}</b>", showarrow=False,
-                              xanchor="right", yanchor="bottom", bgcolor="#374151", font=dict(size=11, color="white"),
+            # just right of the card pile, so it covers no text of this row or the next
+            notes.append(dict(x=b.x + b.w / 2 + 0.24, y=-b.y, text=f"<b>{b.badge}</b>", showarrow=False,
+                              xanchor="left", yanchor="middle", bgcolor="#374151", font=dict(size=11, color="white"),
                               borderpad=2))
     _click_targets(fig, lay, hover)
     _legend(fig)
