@@ -173,7 +173,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.elapsed += dt
         vio = float(np.mean([max_violation(l) for l in loads.values()]))
-        return {"step": self.step, "tokens": self.tokens, "train_loss": float(lm_loss), "lr": lr, "step_s": dt,
+        return {"step": self.step, "tokens": self.tokens, "train_loss": float(lm_loss.detach()), "lr": lr, "step_s": dt,
                 "tokens_per_s": n / dt, "elapsed_s": self.elapsed, "max_violation": vio, "seq_balance_loss": aux}
 
     @torch.no_grad()
