@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .sampling import SamplingParams, make_generators, sample
+from .sampling import SamplingParams, draw, make_generators, probabilities
 from .trace import Trace
 
 EOS_ID = 1
@@ -108,8 +108,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
         if max_new_tokens == 0:
             result.finish_reasons = ["length"] * n
             break
-        chosen = sample(logits, params, [generators[r] for r in active])
-        probs = _chosen_probs(logits, chosen, params)
+        if params.greedy:
+            chosen, probs = logits.argmax(-1), [1.0] * len(active)
+        else:
+            dist = probabilities(logits, params)  # [A, V]
+            chosen = draw(dist, [generators[r] for r in active])
+            probs = dist.gather(-1, chosen[:, None]).squeeze(-1).tolist()
         still = []
         for i, row in enumerate(active):
             token = int(chosen[i])
@@ -151,14 +155,6 @@ def _row_seeds(seed: int | Sequence[int] | None, n: int) -> list[int | None]:
     if len(seeds) != n:
         raise ValueError(f"generate: {len(seeds)} seeds for {n} prompts")
     return seeds
-
-
-def _chosen_probs(logits: torch.Tensor, chosen: torch.Tensor, params: SamplingParams) -> list[float]:
-    """Probability of each chosen token under the sampling distribution (1.0 for greedy)."""
-    if params.greedy:
-        return [1.0] * len(chosen)
-    from .sampling import probabilities
-    return probabilities(logits, params).gather(-1, chosen[:, None]).squeeze(-1).tolist()
 
 
 def _elapsed(t0: float, device: torch.device) -> float:

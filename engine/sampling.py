@@ -75,5 +75,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.
         return logits.argmax(-1)
     if len(generators) != logits.shape[0]:
         raise ValueError(f"sample: {logits.shape[0]} rows but {len(generators)} generators")
-    probs = probabilities(logits, params)
+    return draw(probabilities(logits, params), generators)
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One index per row [B] from probabilities [B, V], row i drawn with generators[i]."""
     return torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
