@@ -54,8 +54,8 @@ def _block(a: ModelArgs, r: LayerRole | None) -> ModuleDoc:
         "the streams, normalises it, computes, and writes the result back into every stream through a learned "
         f"{a.hc_mult}×{a.hc_mult} mixing matrix. {where}",
         "Attention is the only place positions exchange information; the FFN transforms each token alone. "
-        "Layers differ only in where their attention gets its compressed memory (the role table), and in the "
-        "optional Engram lookup before the block.",
+        "Layers differ in where their attention gets its compressed memory (the role table) and, depending on "
+        "the config, in an Engram lookup before the block or a hash-routed FFN.",
         "X = expand(attn(attn_norm(collapse(X))), X)     # mHC site 'hc_attn'\n"
         "X = expand(moe(ffn_norm(collapse(X))), X)       # mHC site 'hc_ffn'")
 
