@@ -100,14 +100,14 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
         last_time.append(_elapsed(t0, device))
         last_logits.append(logits)
     result.prefill_s = sum(last_time)
+    if max_new_tokens == 0:
+        result.finish_reasons = ["length"] * n
+        return result
 
     active = list(range(n))
     logits = torch.cat(last_logits)  # [n, V]
     times = last_time
-    for step in range(max_new_tokens + 1):
-        if max_new_tokens == 0:
-            result.finish_reasons = ["length"] * n
-            break
+    for step in range(max_new_tokens):
         if params.greedy:
             chosen, probs = logits.argmax(-1), [1.0] * len(active)
         else:

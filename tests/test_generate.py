@@ -174,6 +174,8 @@ def test_prompt_errors_and_the_sequence_limit():
         generate(small, [[0, 129280]], max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(small, [[0]], max_new_tokens=-1)
+    nothing = generate(small, [[0, 3]], max_new_tokens=0)
+    assert nothing.tokens == [[]] and nothing.finish_reasons == ["length"]
     res = generate(small, [[0, 1, 2, 3, 4, 5]], max_new_tokens=10, stop_tokens=())
     assert len(res.tokens[0]) == 2 and res.finish_reasons == ["max_seq_len"]
 
