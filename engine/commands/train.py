@@ -27,8 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-windows", type=int, default=d.eval_windows, help=f"held-out windows (default {d.eval_windows})")
     parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--autocast", choices=("off", "bf16"), default=d.autocast,
-                        help="bf16 CPU autocast (routers stay fp32); default off: it was slower on this CPU")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
@@ -54,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                       warmup=args.warmup, bias_gamma=args.bias_gamma, seq_aux_alpha=args.seq_aux,
                       eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every,
-                      seed=args.seed, autocast=args.autocast)
+                      seed=args.seed)
     trainer = Trainer(model_args, cfg, load_tokens(data_dir), args.out, engram_map=engram_map,
                       id_map_file=data_dir / ID_MAP_NAME, resume=args.resume)
     print(describe(trainer))

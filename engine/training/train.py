@@ -1,7 +1,9 @@
-"""The training loop: full-sequence forward of the engine's own Transformer, AdamW, balancing, eval, checkpoints."""
+"""The training loop: full-sequence forward of the engine's own Transformer, AdamW, balancing, eval, checkpoints.
+
+Everything runs in fp32 (routers included). CPU bf16 autocast is not offered: the engine's cache writes
+refuse bf16 activations into fp32 buffers, and bf16 matmuls were not faster on the 2-core CPU."""
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
@@ -15,7 +17,6 @@ import torch.nn.functional as F
 
 from ..config import ModelArgs
 from ..model.init import init_weights
-from ..model.moe import Gate
 from ..model.options import EngineOptions
 from ..model.transformer import Transformer
 from .balance import RouterTap, max_violation, sequence_balance_loss, update_biases
@@ -40,14 +41,11 @@ class TrainConfig:
     eval_windows: int = 32
     save_every: int = 200
     seed: int = 0
-    autocast: str = "off"             # "off" | "bf16" (CPU autocast; routers stay fp32)
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch", "seq", "eval_every", "eval_windows", "save_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"TrainConfig.{key} must be at least 1, got {getattr(self, key)}")
-        if self.autocast not in ("off", "bf16"):
-            raise ValueError(f"autocast must be 'off' or 'bf16', got {self.autocast!r}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need 0 <= min_lr ({self.min_lr}) <= lr ({self.lr})")
 
@@ -100,18 +98,6 @@ def trained_parameters(model: Transformer) -> tuple[list, list, dict[int, str]]:
     return decay, no_decay, names
 
 
-def routers_in_fp32(model: Transformer) -> None:
-    """Run every router outside autocast, so routing scores and top-k stay fp32 under bf16 autocast."""
-    for m in model.modules():
-        if isinstance(m, Gate) and not getattr(m, "_fp32_wrapped", False):
-            inner = m.forward
-
-            def forward(*a, _inner=inner, **kw):
-                with torch.autocast("cpu", enabled=False):
-                    return _inner(*a, **kw)
-            m.forward, m._fp32_wrapped = forward, True
-
-
 class Trainer:
     def __init__(self, args: ModelArgs, cfg: TrainConfig, data: dict[str, np.ndarray], out: str | Path,
                  engram_map: np.ndarray | None = None, id_map_file: Path | None = None, resume: bool = False,
@@ -124,8 +110,6 @@ class Trainer:
         self.train_tokens, self.eval_batch = data["train"], eval_windows(data["heldout"], cfg)
         torch.manual_seed(cfg.seed)
         self.model = build_model(args, engram_map, cfg.seed)
-        if cfg.autocast == "bf16":
-            routers_in_fp32(self.model)
         decay, no_decay, self.names = trained_parameters(self.model)
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}],
@@ -143,9 +127,6 @@ class Trainer:
             shutil.copyfile(id_map_file, self.out / ID_MAP_NAME)
         self.csv = CsvLog(self.out / "log.csv", self.step if resume else None)
 
-    def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.autocast == "bf16" else contextlib.nullcontext()
-
     def train_step(self) -> dict:
         cfg, t0 = self.cfg, time.perf_counter()
         lr = lr_at(self.step, cfg)
@@ -154,8 +135,7 @@ class Trainer:
         batch = train_windows(self.train_tokens, self.step, cfg)
         self.tap.reset()
         self.model.train()
-        with self._autocast():
-            logits = self.model(batch[:, :-1], logits="all")                     # [B, S, V] fp32
+        logits = self.model(batch[:, :-1], logits="all")                         # [B, S, V] fp32
         lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
         loss, aux = lm_loss, float("nan")
         if cfg.seq_aux_alpha > 0:
@@ -183,8 +163,7 @@ class Trainer:
         total, count = 0.0, 0
         for i in range(0, self.eval_batch.size(0), self.cfg.batch):
             b = self.eval_batch[i:i + self.cfg.batch]
-            with self._autocast():
-                logits = self.model(b[:, :-1], logits="all")
+            logits = self.model(b[:, :-1], logits="all")
             total += float(F.cross_entropy(logits.flatten(0, 1).float(), b[:, 1:].flatten(), reduction="sum"))
             count += b[:, 1:].numel()
         self.tap.reset()  # evaluation routing does not count towards balancing
