@@ -1,0 +1,60 @@
+"""One DSpark draft (spec §7): the block forward, then the Markov head sampled left to right, and confidences."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..model.draft import DraftContext, draft_hidden
+from ..sampling import SamplingParams, draw, probabilities
+from .drafter_cache import DrafterCache
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor        # [B, γ] x_1..x_γ, drafts for positions anchor+1 .. anchor+γ
+    q: torch.Tensor             # [B, γ, V] the distributions they were drawn from (Markov-corrected)
+    confidence_logits: torch.Tensor  # [B, γ] raw z_k; c_k = sigmoid(z_k / temperature_k)
+
+    def confidence(self, temperature: torch.Tensor | None = None) -> torch.Tensor:
+        """c_k = P(draft k survives | drafts < k survived) [B, γ]; an optional per-position temperature
+        (the paper's Sequential Temperature Scaling, fitted per deployment) divides the logits first."""
+        z = self.confidence_logits if temperature is None else self.confidence_logits / temperature
+        return torch.sigmoid(z)
+
+    def draft_probs(self) -> torch.Tensor:
+        """q_k(x_k) [B, γ]: each draft's probability under its own distribution."""
+        return self.q.gather(-1, self.tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
+          generators: list, trace=None) -> Draft:
+    """Draft γ tokens after each row's anchor. The anchor sits at position rings.pos[row]; the rings hold the
+    target features of every earlier committed position. rows [B] cache rows, anchors [B] token ids."""
+    a = model.args
+    gamma, dev = a.dspark_block_size, model.device
+    rows = torch.as_tensor(rows, dtype=torch.long).cpu()
+    B = rows.numel()
+    ids = torch.full((B, gamma), a.dspark_noise_token_id, dtype=torch.long)
+    ids[:, 0] = torch.as_tensor(anchors, dtype=torch.long).cpu()            # [anchor, noise, …]
+    positions = rings.pos[rows].unsqueeze(1) + torch.arange(gamma)           # [B, γ]
+    ring_rows, ring_index = rings.read(rows)
+    ctx = DraftContext(rows=rows, positions=positions.to(dev), rings=ring_rows, ring_index=ring_index,
+                       quant_sim=model.options.quant_sim, trace=trace)
+    hidden = draft_hidden(model, ids.to(dev), ctx)                          # [B, γ, dim]
+    last = model.mtp[-1]
+    fp = torch.float64 if model.dtype == torch.float64 else torch.float32
+    base = F.linear(last.norm(hidden).to(fp), model.head.weight.to(fp))     # [B, γ, V] base logits U
+    prev = ids[:, 0].to(dev)
+    tokens, qs, zs = [], [], []
+    for k in range(gamma):
+        # the Markov head makes draft k depend on the token actually drafted before it
+        e, bias = last.markov_head(prev)                                     # [B, r], [B, V]
+        q = probabilities(base[:, k] + bias, params)                         # [B, V]
+        x = q.argmax(-1) if params.greedy else draw(q, generators)
+        zs.append(last.confidence_head(hidden[:, k], e))
+        tokens.append(x)
+        qs.append(q)
+        prev = x
+    return Draft(torch.stack(tokens, 1).cpu(), torch.stack(qs, 1), torch.stack(zs, 1).float().cpu())

@@ -1,0 +1,80 @@
+"""DrafterCache: each draft stage's ring of tapped target features (spec §7), with exact rollback."""
+from __future__ import annotations
+
+import torch
+
+from ..model.draft import main_features
+
+
+class DrafterCache:
+    """Per row b, `pos[b]` = the next position whose target features the rings will take, and for every draft
+    stage a ring [R, window + margin, head_dim] of main_kv rows at slot = position % slots. The drafter reads
+    the last `window` positions; the `margin` spare slots keep the newest positions restorable, so features
+    of a whole verified block can be written and the rejected part rolled back, as in the target cache."""
+
+    def __init__(self, model, batch_size: int, margin: int):
+        args = model.args
+        if not args.has_dspark:
+            raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter (dspark_block_size 0)")
+        self.window, self.margin = args.window_size, margin
+        self.slots = args.window_size + margin
+        self.batch_size = batch_size
+        self.quant_sim = model.options.quant_sim
+        self.pos = torch.zeros(batch_size, dtype=torch.long)
+        self.high_water = torch.zeros(batch_size, dtype=torch.long)
+        self.rings = {st.attn.layer: torch.zeros(batch_size, self.slots, args.head_dim, dtype=model.dtype,
+                                                 device=model.device) for st in model.mtp}
+
+    def _rows(self, rows) -> torch.Tensor:
+        rows = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
+        if rows.numel() and (rows.min() < 0 or rows.max() >= self.batch_size):
+            raise ValueError(f"rows {rows.tolist()} outside the drafter cache's 0..{self.batch_size - 1}")
+        return rows
+
+    def append(self, model, taps: torch.Tensor, rows) -> None:
+        """Take the target's taps [B, S, n_taps·dim] for positions pos[row] .. pos[row] + S − 1 of each row."""
+        rows = self._rows(rows)
+        B, S, _ = taps.shape
+        if rows.numel() != B:
+            raise ValueError(f"append: {B} rows of taps for {rows.numel()} cache rows")
+        keep = min(S, self.slots)  # older positions would be overwritten inside this very write
+        positions = self.pos[rows].unsqueeze(1) + torch.arange(S - keep, S)   # [B, keep]
+        main_x = main_features(model, taps[:, S - keep:])                       # [B, keep, dim]
+        dev = main_x.device
+        slot = (positions % self.slots).to(dev)
+        for stage in model.mtp:
+            kv = stage.attn.ring_kv(main_x, positions.to(dev), self.quant_sim)  # [B, keep, head_dim]
+            self.rings[stage.attn.layer][rows.to(dev).unsqueeze(1), slot] = kv.to(model.dtype)
+        self.pos[rows] += S
+        self.high_water[rows] = torch.maximum(self.high_water[rows], self.pos[rows])
+
+    def rollback(self, pos, rows) -> None:
+        """Forget the features of positions >= pos (per row); ring slots of older positions are untouched."""
+        rows = self._rows(rows)
+        target = torch.as_tensor(pos, dtype=torch.long).cpu().expand(rows.shape)
+        for b, r in enumerate(rows.tolist()):
+            t = int(target[b])
+            if t < 0 or t > int(self.pos[r]):
+                raise ValueError(f"cannot roll drafter row {r} back to position {t}: it is at {int(self.pos[r])}")
+            if t < int(self.high_water[r]) - self.margin:
+                raise ValueError(f"cannot roll drafter row {r} back to position {t}: only the last {self.margin} "
+                                 f"positions below {int(self.high_water[r])} are restorable")
+        self.pos[rows] = target
+
+    def read(self, rows) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+        """(rings {layer: [B, slots, D]}, ring_index [B, window]) for rows whose next position is pos[row]:
+        the slots of positions pos − window .. pos − 1 (−1 before the sequence start)."""
+        rows = self._rows(rows)
+        k = self.pos[rows].unsqueeze(1) - self.window + torch.arange(self.window)  # [B, window] positions
+        index = torch.where(k >= 0, k % self.slots, -1)
+        dev = next(iter(self.rings.values())).device
+        return {layer: ring[rows.to(dev)] for layer, ring in self.rings.items()}, index.to(dev)
+
+    def live_state(self, row: int) -> dict[str, torch.Tensor]:
+        """What the next draft of this row reads, addressed by position (ring slots resolved)."""
+        p = int(self.pos[row])
+        slots = torch.tensor([t % self.slots for t in range(max(0, p - self.window), p)], dtype=torch.long)
+        out = {"pos": self.pos[row].clone()}
+        for layer, ring in self.rings.items():
+            out[f"ring.{layer}"] = ring[row, slots.to(ring.device)]
+        return out
