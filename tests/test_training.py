@@ -212,10 +212,18 @@ def test_train_command_trains_and_resumes(setup, id_map, tmp_path, capsys):
     common = ["train", "--config", str(config), "--data", str(tmp_path), "--out", str(tmp_path / "ck"), "--batch", "2",
               "--seq", "32", "--eval-every", "2", "--eval-windows", "1", "--save-every", "2", "--no-progress", "--warmup", "1"]
     assert cli_main(common + ["--steps", "2"]) == 0
-    assert cli_main(common + ["--steps", "3", "--resume"]) == 0
+    assert cli_main(common + ["--steps", "3", "--resume", "--export", str(tmp_path / "ship")]) == 0
     out = capsys.readouterr().out
     assert "resumed" in out and "step 3: train loss" in out
     rows = (tmp_path / "ck" / "log.csv").read_text().strip().split("\n")
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
     assert json.loads((tmp_path / "ck" / "train_state.json").read_text())["step"] == 3
     assert (tmp_path / "ck" / "id_map.json").read_text() == (tmp_path / "id_map.json").read_text()
+    from engine.checkpoint import load_checkpoint, read_header
+    header = read_header([tmp_path / "ship" / "model.safetensors"])
+    assert header["embed.weight"][1] == torch.bfloat16 and header["layers.0.ffn.gate.bias"][1] == torch.float32
+    _, shipped = load_checkpoint(tmp_path / "ship", token_map=synthetic_token_map(args))
+    trained = Trainer(args, small_cfg(), data, tmp_path / "ck", engram_map=synthetic_token_map(args), resume=True,
+                      log=lambda *_: None).model
+    assert torch.equal(shipped.embed.weight, trained.embed.weight.bfloat16().float())
+    assert not (tmp_path / "ship" / "optimizer.safetensors").exists()

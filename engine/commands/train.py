@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    parser.add_argument("--export", metavar="DIR", help="after training, write the shippable bf16 checkpoint "
+                        "(model.safetensors, config.json, id_map.json, log.csv; no optimizer state) to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
 
 
@@ -61,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         last = rows[-1]
         print(f"step {last['step']}: train loss {last['train_loss']:.4f}, held-out loss {last.get('heldout_loss', float('nan')):.4f}, "
               f"{trainer.tokens:,} tokens in {trainer.elapsed:.0f} s; checkpoint in {args.out}")
+    if args.export:
+        file = trainer.export(args.export)
+        print(f"exported {file} ({file.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 

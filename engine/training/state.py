@@ -58,3 +58,15 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     for p, moments in restored.items():
         optimizer.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
     return state
+
+
+def export_checkpoint(run_dir: Path, model: torch.nn.Module, dest: Path, metadata: dict[str, str]) -> Path:
+    """The shippable checkpoint: bf16 weights (the official F32 tensors stay F32) + config.json, with the
+    run's id_map.json and log.csv beside them; no optimizer state. Returns the weights file."""
+    import shutil
+
+    file = save_checkpoint(model, dest, extra_metadata=metadata, dtype="bf16")
+    for name in ("id_map.json", "log.csv"):
+        if (run_dir / name).is_file() and (run_dir / name).resolve() != (dest / name).resolve():
+            shutil.copyfile(run_dir / name, dest / name)
+    return file

@@ -21,7 +21,7 @@ from ..model.options import EngineOptions
 from ..model.transformer import Transformer
 from .balance import RouterTap, max_violation, sequence_balance_loss, update_biases
 from .log import CsvLog, Progress
-from .state import STATE_NAME, load_training_state, save_training_state
+from .state import STATE_NAME, export_checkpoint, load_training_state, save_training_state
 from .vocab import ID_MAP_NAME
 
 
@@ -174,6 +174,11 @@ class Trainer:
                  "heldout_loss": heldout_loss, "train_config": asdict(self.cfg), "model": self.args.name}
         meta = {"train_step": str(self.step), "train_tokens": str(self.tokens), "id_map": ID_MAP_NAME}
         save_training_state(self.out, self.model, self.optimizer, self.names, state, meta)
+
+    def export(self, dest: str | Path) -> Path:
+        """Write the bf16 checkpoint an app or CLI loads (see state.export_checkpoint)."""
+        meta = {"train_step": str(self.step), "train_tokens": str(self.tokens), "id_map": ID_MAP_NAME}
+        return export_checkpoint(self.out, self.model, Path(dest), meta)
 
     def run(self, steps: int | None = None, progress: bool = True) -> list[dict]:
         """Train until `steps` (default cfg.steps) total steps; log, evaluate and save on schedule."""
