@@ -36,6 +36,8 @@ class Trace:
 
     # ---- what the model calls -------------------------------------------------------------
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
+        if self._skipped("moe", path, positions):
+            return
         ids = _np(ids, np.int64)
         vision = np.zeros(ids.shape[:2], bool) if vision is None else _np(vision, bool)
         weights, scores = _np_many((weights, scores))
@@ -44,10 +46,14 @@ class Trace:
     def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
         if site not in MHC_SITES:
             raise ValueError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
+        if self._skipped("mhc", path, positions):
+            return
         self._record("mhc", path, site, rows, positions,
                      tuple(_np_many((pre, post, comb, row_err, col_err))))
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
+        if self._skipped("engram", path, positions):
+            return
         self._record("engram", path, "", rows, positions,
                      (*_np_many((compressed_ids, row_ids), np.int64), _np(gates)))
 
@@ -57,7 +63,7 @@ class Trace:
         return chosen and self.budget.keeps_layer(path)
 
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
-        if not self.wants_attention(path):
+        if not self.wants_attention(path) or self._skipped("attention", path, positions):
             return
         self._record("attention", path, "", rows, positions,
                      (_np(topk, np.int64), *_np_many((window_mass, compressed_mass, sink_mass))))
@@ -211,22 +217,25 @@ class Trace:
         self._n_token_slots += 1
         return True
 
+    def _skipped(self, kind: str, path: str, positions) -> bool:
+        """Check the positions' shape; count and skip a layer outside the budget before any copying."""
+        if len(positions.shape) != 2:
+            raise ValueError(f"record_{kind}({path}): positions must be [B, S], got shape {tuple(positions.shape)}")
+        if self.budget.keeps_layer(path):
+            return False
+        self.omitted[kind] += positions.shape[0] * positions.shape[1]
+        return True
+
     def _record(self, kind: str, path: str, site: str, rows, positions, arrays: tuple[np.ndarray, ...]) -> None:
-        positions = _np(positions, np.int64)
-        if positions.ndim != 2:
-            raise ValueError(f"record_{kind}({path}): positions must be [B, S], got shape {positions.shape}")
-        b, s = positions.shape
-        rows = np.arange(b, dtype=np.int64) if rows is None else _np(rows, np.int64).reshape(-1)
-        if rows.shape != (b,):
-            raise ValueError(f"record_{kind}({path}): rows must be [B={b}], got shape {rows.shape}")
+        b, s = tuple(positions.shape)
+        rows = list(range(b)) if rows is None else np.asarray(_list(rows), dtype=np.int64).reshape(-1).tolist()
+        if len(rows) != b:
+            raise ValueError(f"record_{kind}({path}): rows must be [B={b}], got {len(rows)} rows")
         for name, a in zip(FACT_FIELDS[kind], arrays):
             if a.shape[:2] != (b, s):
                 raise ValueError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
-        if not self.budget.keeps_layer(path):
-            self.omitted[kind] += b * s
-            return
         key = (kind, path, site)
-        for i, (row, row_positions) in enumerate(zip(rows.tolist(), positions.tolist())):
+        for i, (row, row_positions) in enumerate(zip(rows, _list(positions))):
             per_token = zip(*(list(a[i]) for a in arrays))  # S tuples of this token's field values
             for pos, values in zip(row_positions, per_token):
                 if self._admit(row, pos):
@@ -241,6 +250,11 @@ class Trace:
             by_pos[pos] = {}
             self._n_token_slots += 1
         by_pos[pos][(kind, path, site)] = values
+
+
+def _list(t) -> list:
+    """A tensor or array (any device) as nested Python lists."""
+    return t.tolist() if hasattr(t, "tolist") else list(t)
 
 
 def _np(t, dtype=np.float32) -> np.ndarray:
