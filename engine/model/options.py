@@ -20,6 +20,13 @@ class EngineOptions:
     rollback_margin: int | None = None
     # Queries processed per block inside sparse attention (bounds the gathered-KV memory in prefill).
     attn_query_block: int = 256
+    # "triton": fused Triton kernels for the mHC seams, router, routed experts and Engram, swapped in by
+    # engine.kernels.apply.apply_kernels(model) (CUDA, or CPU under TRITON_INTERPRET=1). "torch" = reference.
+    kernels: str = "torch"
+
+    def __post_init__(self):
+        if self.kernels not in ("torch", "triton"):
+            raise ValueError(f"EngineOptions.kernels must be 'torch' or 'triton', got {self.kernels!r}")
 
     def margin_for(self, dspark_block_size: int) -> int:
         need = max(2 * (dspark_block_size + 1), 8)

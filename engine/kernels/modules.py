@@ -1,0 +1,81 @@
+"""Kernel-backed variants of Block, MoE and Engram: same parameters and trace calls, Triton launches inside."""
+from __future__ import annotations
+
+import torch
+
+from ..model.block import Block
+from ..model.engram import Engram
+from ..model.mhc import stochastic_error
+from ..model.moe import MoE
+from ..model.norm import upcast
+from . import launch
+
+
+def _reference_needed(*tensors: torch.Tensor) -> bool:
+    """Autograd (training) and meta tensors take the PyTorch path: the kernels have no backward and no shapes-only mode."""
+    return any(t.is_meta for t in tensors) or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+class KernelBlock(Block):
+    """Block.forward with each mHC seam in one launch: entry (mixes + collapse), middle (expand + mixes +
+    collapse) and exit (expand); attention and the MoE stay modules (the MoE has its own kernels)."""
+
+    def _site(self, site: str):
+        return dict(fn=getattr(self, f"hc_{site}_fn"), scale=getattr(self, f"hc_{site}_scale"),
+                    base=getattr(self, f"hc_{site}_base"), iters=self.iters, hc_eps=self.hc_eps, norm_eps=self.norm_eps)
+
+    def _record(self, ctx, site, pre, post, comb) -> None:
+        if ctx.trace is not None:
+            rows, pos = ctx.trace_rows()
+            row_err, col_err = stochastic_error(comb)
+            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
+
+    def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx):
+        if _reference_needed(x, self.hc_attn_fn) or x.dtype == torch.float64:
+            return super().forward(x, pre_in, ctx)
+        _, a_pre, a_post, a_comb, c = launch.mhc_seam(x, carry=pre_in, **self._site("attn"))
+        self._record(ctx, "attn", a_pre, a_post, a_comb)
+        f = self.attn(self.attn_norm(c), ctx)
+        x, f_pre, f_post, f_comb, c = launch.mhc_seam(x, f=f, post_in=a_post, comb_in=a_comb, carry=a_pre,
+                                                      **self._site("ffn"))
+        self._record(ctx, "ffn", f_pre, f_post, f_comb)
+        f, (weights, ids, scores) = self.ffn(self.ffn_norm(c), ctx.image_mask)
+        if ctx.trace is not None:
+            rows, pos = ctx.trace_rows()
+            ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
+        x, *_ = launch.mhc_seam(x, f=f, post_in=f_post, comb_in=f_comb)
+        return x, f_pre
+
+
+class KernelMoE(MoE):
+    """Router in one launch; routed experts as three launches over expert-sorted tiles (any token count)."""
+
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
+        if _reference_needed(x, self.gate.weight) or x.dtype == torch.float64:
+            return super().forward(x, vision)
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])                                       # [N, dim]
+        g = self.gate
+        weights, ids, scores = launch.route(
+            flat, g.weight, g.bias, topk=g.topk, temp=g.temp, route_scale=g.route_scale, normalize=g.norm_topk,
+            bias_vl=None if vision is None else g.bias_vl, vision=None if vision is None else vision.reshape(-1))
+        w1, w2, w3 = self.stacked()
+        y = launch.moe_experts(flat, weights, ids, w1, w2, w3, limit=self.limit,
+                               act_quant=self.experts[0].w1.act_quant)
+        y = y + upcast(self.shared_experts(flat))
+        k = ids.size(-1)
+        return y.to(x.dtype).view(shape), (weights.view(*shape[:-1], k), ids.view(*shape[:-1], k),
+                                           scores.view(*shape[:-1], k))
+
+
+class KernelEngram(Engram):
+    """Row gather and gate-and-add as kernels; the wkv projection between them stays a (cuBLAS) linear."""
+
+    def forward(self, h: torch.Tensor, row_ids: torch.Tensor, live: torch.Tensor | None):
+        if _reference_needed(h, self.embed.weight) or h.dtype == torch.float64:
+            return super().forward(h, row_ids, live)
+        table = self.embed.weight
+        rows = launch.engram_gather(table, row_ids.to(table.device))         # [B, S, cols·head_dim]
+        kv = self.wkv(rows.to(device=h.device, dtype=h.dtype))                # [B, S, (hc+1)·dim]
+        return launch.engram_gate_add(h, kv, self.q_weight, self.k_weight, eps=self.eps,
+                                      live=None if live is None else live.to(h.device))
