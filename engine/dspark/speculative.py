@@ -103,25 +103,33 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
             return True
         return False
 
-    # Prefill: each prompt alone in its own row; its taps fill the drafter rings for every prompt position.
+    # Prefill: prompts of equal length together (no padding enters any computation); the taps fill the
+    # drafter rings for every prompt position.
     active, anchors = [], {}
+    by_len: dict[int, list[int]] = {}
     for row, ids in enumerate(prompts):
+        by_len.setdefault(len(ids), []).append(row)
         if trace is not None:
             trace.record_prompt(row, ids, [text_of(t) for t in ids])
+    for length, group in by_len.items():
         t0 = time.perf_counter()
-        logits, taps = model(torch.tensor([ids], device=device), cache, rows=torch.tensor([row]), trace=trace,
-                             logits="last", return_taps=True)                 # [1, V], [1, S, n_taps·dim]
-        rings.append(model, taps, [row])
+        logits, taps = model(torch.tensor([prompts[r] for r in group], device=device), cache,
+                             rows=torch.tensor(group), trace=trace, logits="last", return_taps=True)  # [G, V]
+        rings.append(model, taps, group)                                     # taps [G, S, n_taps·dim]
         dt = _elapsed(t0, device)
         res.prefill_s += dt
         if max_new_tokens == 0:
-            res.finish_reasons[row] = "length"
+            for r in group:
+                res.finish_reasons[r] = "length"
             continue
-        p = probabilities(logits, params)                                     # [1, V]
-        token = int(p.argmax(-1) if params.greedy else draw(p, [gens[row]]))
-        if emit(row, len(ids), token, 0, dt, logits[0], float(p[0, token])):
-            active.append(row)
-            anchors[row] = token
+        p = probabilities(logits, params)                                     # [G, V]
+        chosen = p.argmax(-1) if params.greedy else draw(p, [gens[r] for r in group])
+        for i, r in enumerate(group):
+            token = int(chosen[i])
+            if emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
+                active.append(r)
+                anchors[r] = token
+    active.sort()
 
     step = 0
     while active:
@@ -152,14 +160,15 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
         dt = _elapsed(t0, device)
         res.decode_s += dt
         res.step_times.append(dt)
-        still = []
+        still, q_drafts = [], d.draft_probs().float().cpu().numpy()      # [A, γ]
+        survival = np.cumprod(conf.numpy(), axis=1)                            # [A, γ]
         for i, r in enumerate(active):
             p, v = verdicts[i]
             if trace is not None:
                 trace.rollback(r, int(keep[i]))
             rec = DSparkStep(row=r, step=step, anchor_pos=int(anchor_pos[i]), anchor_token=anchors[r],
-                             drafted=d.tokens[i].numpy(), draft_probs=d.draft_probs()[i].float().cpu().numpy(),
-                             confidences=conf[i].numpy(), survival=np.cumprod(conf[i].numpy()),
+                             drafted=d.tokens[i].numpy(), draft_probs=q_drafts[i],
+                             confidences=conf[i].numpy(), survival=survival[i],
                              verify_len=lengths[i], accepted=v.accepted, next_token=v.token,
                              next_kind="bonus" if v.bonus else "replacement", time_s=dt)
             res.steps.append(rec)
