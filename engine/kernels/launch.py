@@ -165,7 +165,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     pair_w = weights.flatten()[order].contiguous()
     xin = (fp8_qdq(x) if act_quant else x).to(w1.dtype).contiguous()       # the reference casts to the weight dtype
     h = torch.empty(P, inter, dtype=x.dtype, device=dev)                   # hidden rows in expert-sorted order
-    cap = 128 if _wide(dev) else 64
+    cap = 256 if _wide(dev) else 64
     bn, bk = block(inter, cap, 16), block(dim, cap, 16)
     moe_gate_up_kernel[(t_exp.numel(), -(-inter // bn))](
         xin, token, pair_w, w1, w3, h, t_exp, t_start, t_end, dim, inter, float(limit),

@@ -5,11 +5,14 @@ import triton.language as tl
 
 @triton.jit
 def _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M: tl.constexpr):
-    """Rows [start, end) of the expert-sorted pairs that this program's tile covers (empty past the last tile)."""
+    """Rows [start, end) of the expert-sorted pairs that this program's tile covers (empty past the last
+    tile), and whether it has any (spare tiles skip their matmul loop)."""
     t = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + t).to(tl.int64)
-    rows = tl.load(tile_start_ptr + t) + tl.arange(0, BLOCK_M).to(tl.int64)
-    return expert, rows, rows < tl.load(tile_end_ptr + t)
+    start = tl.load(tile_start_ptr + t)
+    end = tl.load(tile_end_ptr + t)
+    rows = start + tl.arange(0, BLOCK_M).to(tl.int64)
+    return expert, rows, rows < end, end > start
 
 
 @triton.jit
@@ -18,14 +21,14 @@ def moe_gate_up_kernel(x_ptr, token_ptr, pair_weight_ptr, w1_ptr, w3_ptr, h_ptr,
                        DIM, INTER, limit,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr):
     """h[rows, cols] = SwiGLU(x[token] W1[e]ᵀ, x[token] W3[e]ᵀ) · routing weight, for one (tile, column block)."""
-    expert, rows, rm = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
+    expert, rows, rm, busy = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cm = cols < INTER
     token = tl.load(token_ptr + rows, mask=rm, other=0)
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_base = expert * INTER * DIM
-    for k0 in range(0, DIM, BLOCK_K):
+    for k0 in range(0, tl.where(busy, DIM, 0), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         km = k < DIM
         a = tl.load(x_ptr + token[:, None] * DIM + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
@@ -48,12 +51,12 @@ def moe_down_kernel(h_ptr, w2_ptr, y_ptr, tile_expert_ptr, tile_start_ptr, tile_
                     DIM, INTER,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[rows, cols] = h[rows] W2[e]ᵀ in fp32, for one (tile, column block)."""
-    expert, rows, rm = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
+    expert, rows, rm, busy = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cm = cols < DIM
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_base = expert * DIM * INTER
-    for k0 in range(0, INTER, BLOCK_K):
+    for k0 in range(0, tl.where(busy, INTER, 0), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         km = k < INTER
         a = tl.load(h_ptr + rows[:, None] * INTER + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)

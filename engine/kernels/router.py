@@ -9,7 +9,7 @@ def _softplus(x):
     e = tl.exp(-tl.abs(x))
     u = 1.0 + e
     # log1p(e) = log(u)·e/(u − 1): the rounding of u cancels (Goldberg's trick); exact e when u rounds to 1
-    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
 
 
