@@ -11,6 +11,7 @@ from .module_docs import describe
 from .source import engine_source
 from .url_state import ViewState, from_query, sanitize, to_query
 from . import panels
+from .inspect_nav import ARCH_JUMP, to_inspect_button
 
 NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_last_pick"
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
@@ -23,6 +24,11 @@ def sync_state(config_key: str, view: ModelView) -> ViewState:
     for widget, kept in KEEP.items():  # back from another page: restore the widgets from the kept values
         if widget not in st.session_state and kept in st.session_state:
             st.session_state[widget] = st.session_state[kept]
+    jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
+    if jump in g:
+        if st.session_state.get(OWNER) != config_key:
+            st.session_state[EXPAND] = []
+        st.session_state[NODE], st.session_state[OWNER], st.session_state[PICK] = jump, config_key, None
     if st.session_state.get(OWNER) != config_key or NODE not in st.session_state:
         url = from_query(st.query_params)
         first_visit = OWNER not in st.session_state
@@ -119,6 +125,7 @@ def diagram(config_key: str, view: ModelView, state: ViewState) -> None:
 def details(view: ModelView, node: str) -> None:
     d = node_details(view.args, view.graph, view.groups, node)
     st.markdown(f"#### {d.doc.title}")
+    to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
     st.markdown(f"`{d.node}` · {d.kind}")
     st.markdown(f"*{d.doc.summary}*")
     if d.role_line:
