@@ -9,10 +9,11 @@ BACKENDS = ("torch", "triton")
 
 def _pairs():
     from ..model.block import Block
+    from ..model.draft import DraftStage
     from ..model.engram import Engram
     from ..model.moe import MoE
-    from .modules import KernelBlock, KernelEngram, KernelMoE
-    return {Block: KernelBlock, MoE: KernelMoE, Engram: KernelEngram}
+    from .modules import KernelBlock, KernelDraftStage, KernelEngram, KernelMoE
+    return {Block: KernelBlock, DraftStage: KernelDraftStage, MoE: KernelMoE, Engram: KernelEngram}
 
 
 def apply_kernels(model: nn.Module, backend: str | None = None) -> nn.Module:

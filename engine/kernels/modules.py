@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..model.block import Block
+from ..model.draft import DraftStage
 from ..model.engram import Engram
 from ..model.mhc import stochastic_error
 from ..model.moe import MoE
@@ -45,6 +46,10 @@ class KernelBlock(Block):
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
         x, *_ = launch.mhc_seam(x, f=f, post_in=f_post, comb_in=f_comb)
         return x, f_pre
+
+
+class KernelDraftStage(DraftStage, KernelBlock):
+    """A DSpark drafter stage (its extra heads untouched) whose block forward is KernelBlock's."""
 
 
 class KernelMoE(MoE):
