@@ -207,8 +207,9 @@ class Engine:
         return ([self.args.bos_token_id] if add_bos else []) + self.tokenizer.encode(text)
 
     def generate_text(self, prompts: str | Sequence[str], *, max_new_tokens: int, add_bos: bool = True,
-                      on_text: Callable[[int, str], None] | None = None, **kwargs) -> TextGeneration:
-        """Generate from text; on_text(row, piece) streams decoded text (whole characters only)."""
+                      on_text: Callable[[int, str], None] | None = None, dspark=None, **kwargs) -> TextGeneration:
+        """Generate from text; on_text(row, piece) streams decoded text (whole characters only). dspark: a
+        DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics)."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode(t, add_bos) for t in texts]
         streams = [_TextStream(self.tokenizer) for _ in texts]
@@ -221,8 +222,12 @@ class Engine:
             if user_cb is not None:
                 user_cb(row, token, info)
 
-        result = generate(self.model, ids, max_new_tokens=max_new_tokens, on_token=on_token,
-                          token_text=self.tokenizer.token_text, **kwargs)
+        run = generate
+        if dspark is not None:
+            from .dspark.speculative import generate_speculative as run
+            kwargs["dspark"] = dspark
+        result = run(self.model, ids, max_new_tokens=max_new_tokens, on_token=on_token,
+                     token_text=self.tokenizer.token_text, **kwargs)
         return TextGeneration([self.tokenizer.decode(t) for t in result.tokens], ids, result)
 
 

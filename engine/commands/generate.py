@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-max-tokens", type=int, default=2048, help="token budget of the trace")
     parser.add_argument("--trace-attention", action="store_true", help="also record attention facts")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dspark", action="store_true", help="decode speculatively with the DSpark drafter")
+    parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
+                        help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
+                             "scheduler (Alg. 1) with this machine's profiled throughput table (default all)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,12 +47,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
     engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
                          device=args.device)
+    dspark = _dspark_config(args, engine.model) if args.dspark else None
     trace = None
     if args.trace:
         trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention),
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                            "seed": args.seed})
+                            "seed": args.seed, "dspark": args.schedule if args.dspark else "off"})
     check_prompts([engine.encode(args.prompt, not args.no_bos)], engine.args.vocab_size, engine.args.max_seq_len)
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
@@ -59,14 +65,31 @@ def run(args: argparse.Namespace) -> int:
 
     out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               trace=trace, on_text=show)
+                               trace=trace, on_text=show, dspark=dspark)
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "
           f"{res.n_new_tokens} new tokens ({res.finish_reasons[0]}): decode {res.decode_tokens_per_s:,.1f} tokens/s",
           file=sys.stderr)
+    if dspark is not None:
+        print("\n".join(res.metrics.lines()), file=sys.stderr)
     if trace is not None:
         trace.save(args.trace)
         omitted = ", ".join(f"{k} {v}" for k, v in sorted(trace.omitted.items())) or "nothing"
         print(f"trace written to {args.trace} (left out: {omitted})", file=sys.stderr)
     return 0
+
+
+def _dspark_config(args: argparse.Namespace, model):
+    from ..dspark.profile import load_or_profile, table_path
+    from ..dspark.speculative import DSparkConfig
+
+    if not model.args.has_dspark:
+        raise ValueError(f"--dspark: config '{model.args.name}' has no DSpark drafter (dspark_block_size is 0)")
+    sps = None
+    if args.schedule == "auto":
+        fresh = not table_path(model).exists()
+        sps = load_or_profile(model)
+        if fresh:
+            print(f"profiled steps/s by batch tokens into {table_path(model)}", file=sys.stderr)
+    return DSparkConfig(args.schedule, threshold=args.threshold, sps=sps)
