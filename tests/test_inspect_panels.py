@@ -1,0 +1,255 @@
+"""Inspect panel builders on a real trace from short generations of tiny-v4.1 (random weights, DSpark, attention)."""
+from __future__ import annotations
+
+import html
+import threading
+
+import numpy as np
+import pytest
+
+from engine.trace import Trace
+from engine.trace_tables import TraceFormatError
+from v41viz import engine_session as es
+from v41viz import panels_attention as pa, panels_dspark as pd_, panels_engram as pe, panels_experts as px_
+from v41viz import panels_mhc as pm
+from v41viz.inspect_export import FORMATS, trace_bytes, trace_from_upload
+from v41viz.inspect_links import diagram_node, filter_path, mhc_site, panel_for, related
+from v41viz.inspect_run import GenSettings, LiveRun, generate_into, new_trace
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def slot():
+    return es.load_slot(es.model_choices()["tiny-v4.1"])
+
+
+def _run(slot, **kw) -> LiveRun:
+    settings = GenSettings(PROMPT, **{"max_new_tokens": 8, **kw})
+    run = LiveRun(new_trace(settings, "tiny-v4.1", slot.engine.source), "tiny-v4.1", prompt=PROMPT)
+    with slot.turn() as engine:
+        generate_into(engine, settings, run, lambda r, p: None)
+    return run
+
+
+@pytest.fixture(scope="module")
+def plain(slot):
+    return _run(slot, attention=True)
+
+
+@pytest.fixture(scope="module")
+def spec(slot):
+    return _run(slot, dspark=True, schedule="threshold", threshold=0.3, attention=False)
+
+
+def test_run_streams_the_same_text_as_the_engine(slot, plain):
+    ref = slot.engine.generate_text(PROMPT, max_new_tokens=8, seed=0)
+    assert plain.status == "done" and plain.n_tokens == len(ref.result.tokens[0]) == 8
+    assert plain.text == ref.texts[0]
+    assert 0 < plain.first_token_s <= plain.elapsed_s
+
+
+def test_speculative_greedy_matches_plain_greedy(plain, spec):
+    assert spec.text == plain.text            # DSpark is lossless at temperature 0
+    assert spec.trace.dspark_steps and not plain.trace.dspark_steps
+
+
+def test_expert_heatmap_shows_each_tokens_choices(plain):
+    trace = plain.trace
+    fig = px_.choice_heatmap(trace)
+    hm = fig.data[0]
+    paths = px_.moe_paths(trace)
+    assert list(hm.y) == paths and len(paths) == 10      # plain decoding runs no draft stage
+    positions, ids, weights, _ = px_.choice_grid(trace, 0, paths)
+    assert len(hm.x) == len(positions) == 4 + 1 + 7      # BOS + 4 prompt tokens + 7 decoded (the last is not fed back)
+    rec = trace.fact("moe", paths[3], 0, positions[2])
+    assert hm.text[3][2] == ",".join(map(str, rec["ids"]))
+    assert hm.z[3][2] == rec["ids"][np.argmax(rec["weights"])]
+    assert "weight" in hm.customdata[3][2] and "score" in hm.customdata[3][2]
+    assert px_.moe_paths(trace, "layers.1") == ["layers.1.ffn"]
+
+
+def test_load_is_relative_to_uniform(plain, slot):
+    e, k = slot.args.n_routed_experts, slot.args.n_activated_experts
+    table = px_.load_table(plain.trace, ["layers.0.ffn", "layers.5.ffn"], e)
+    ratios = table[[f"e{i}" for i in range(e)]].to_numpy()
+    assert np.allclose(ratios.mean(1), 1.0)                # the mean load is the uniform load
+    assert (table["tokens×k"] == 12 * k).all()
+    assert table["max/uniform"].min() >= 1.0
+
+
+def test_measured_experts_touched(plain, slot):
+    e, k = slot.args.n_routed_experts, slot.args.n_activated_experts
+    m = px_.measured_touched(plain.trace)
+    assert list(m) == [1, 2, 4, 8] and m[1] == k          # top-k experts of one token are distinct
+    values = list(m.values())
+    assert all(a <= b for a, b in zip(values, values[1:])) and values[-1] <= e
+
+
+def test_token_topk_sorted_by_weight(plain):
+    t = px_.token_topk(plain.trace, 0, 3)
+    assert len(t) == 10
+    for w in t["weights"]:
+        assert list(w) == sorted(w, reverse=True)
+    rec = plain.trace.fact("moe", "layers.2.ffn", 0, 3)
+    assert set(t.set_index("layer").loc["layers.2.ffn", "experts"]) == set(rec["ids"].tolist())
+
+
+def test_mhc_matrix_gain_and_residuals(plain):
+    trace = plain.trace
+    fig = pm.matrix_figure(trace, "layers.4", "ffn", 0, 2)
+    assert np.allclose(np.array(fig.data[0].z), trace.mhc_matrix("layers.4", "ffn", 0, 2))
+    gains = pm.gain_by_depth(trace, 0, 2)
+    assert len(gains) == 20 and gains["seam"].iloc[0] == "layers.0.attn"
+    c0 = trace.mhc_matrix("layers.0", "attn", 0, 2)
+    assert gains["gain"].iloc[0] == pytest.approx(max(c0.sum(0).max(), c0.sum(1).max()))
+    assert np.allclose(gains["gain"], 1.0, atol=1e-3)       # products of doubly stochastic matrices
+    _, composite_gain = trace.mhc_composite(0, 2)
+    assert gains["gain"].iloc[-1] == pytest.approx(composite_gain)
+    res = pm.residual_table(trace)
+    assert len(res) == 2 * len(trace.paths("mhc")) and (res["max row residual"] < 1e-3).all()
+    pre = pm.pre_post_figure(trace, "layers.4", "attn", 0, 2)
+    assert len(pre.data) == 2 and len(pre.data[0].y) == 4
+
+
+def test_engram_rows_gates_and_text(plain, slot):
+    trace, args = plain.trace, slot.args
+    assert pe.engram_paths(trace) == ["layers.1.engram", "layers.4.engram"]
+    table = pe.rows_table(trace, args, "layers.4.engram", 0, 3)
+    assert list(table.index) == ["2-gram", "3-gram", "4-gram"] and table.shape == (3, args.engram_n_heads)
+    assert table.to_numpy().reshape(-1).tolist() == trace.fact("engram", "layers.4.engram", 0, 3)["row_ids"].tolist()
+    positions, gates = pe.gate_grid(trace, "layers.1.engram")
+    assert gates.shape == (len(positions), args.hc_mult) and ((gates >= 0) & (gates <= 1)).all()
+    page = pe.gated_text_html(trace, "layers.1.engram")
+    for t in trace.tokens(0):
+        assert html.escape(t.text) in page
+    assert f"{gates[2].mean():.3f}" in page
+    summary = pe.token_summary(trace, "layers.1.engram")
+    assert summary["compressed id"].iloc[1] == int(trace.fact("engram", "layers.1.engram", 0, 1)["compressed_ids"])
+
+
+def test_dspark_views_agree_with_the_steps(spec, slot):
+    trace = spec.trace
+    steps = pd_.steps(trace)
+    for s in steps:
+        v = pd_.verdicts(s)
+        assert v.count("accepted") == s.accepted
+        assert v.count("rejected") == (1 if s.accepted < s.verify_len else 0)
+        assert v.count("not verified") == len(s.drafted) - s.accepted - v.count("rejected")
+        assert v[:s.accepted] == ["accepted"] * s.accepted
+    hist = pd_.accepted_histogram(trace).data[0]
+    assert sum(hist.y) == len(steps)
+    m = pd_.metrics(trace, 0)
+    assert m.mean_accepted_length == pytest.approx(np.mean([s.accepted + 1 for s in steps]))
+    page = pd_.steps_html(trace, slot.engine.tokenizer.token_text)
+    assert page.count("<div><b>step") == len(steps) and pd_.VERDICT_COLOURS["not verified"] in page
+    table = pd_.steps_table(trace, slot.engine.tokenizer.token_text)
+    assert table["scheduled"].tolist() == [s.verify_len for s in steps]
+    assert len(pd_.acceptance_figure(m).data[0].y) == slot.args.dspark_block_size
+
+
+def test_attention_shares_and_indexer_picks(plain):
+    trace = plain.trace
+    shares = pa.share_table(trace)
+    assert len(shares) == 10
+    assert np.allclose(shares[["window", "compressed", "sink"]].sum(axis=1), 1.0, atol=1e-4)
+    picks = pa.chosen_positions(trace, 0, 11)
+    assert len(picks) >= 1 and all(min(p) >= 0 for p in picks["chosen compressed entries"])
+    assert pa.share_table(trace, only="layers.2.attn")["layer"].tolist() == ["layers.2.attn"]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_export_round_trips_through_the_uploader(spec, fmt):
+    data = trace_bytes(spec.trace, fmt)
+    assert trace_from_upload(FORMATS[fmt][0], data) == spec.trace
+
+
+def test_bad_uploads_get_clear_messages():
+    with pytest.raises(TraceFormatError, match="empty"):
+        trace_from_upload("t.json", b"")
+    with pytest.raises(TraceFormatError, match="t.json.*invalid JSON"):
+        trace_from_upload("t.json", b"{nope")
+    with pytest.raises(TraceFormatError, match="t.parquet.zip"):
+        trace_from_upload("t.parquet.zip", b"not a zip")
+    with pytest.raises(ValueError, match="unknown trace format"):
+        trace_from_upload("t.txt", b"x")
+
+
+def test_links_between_diagram_and_panels():
+    assert related("layers.3.ffn", "layers.3") and not related("layers.30.ffn", "layers.3")
+    assert related("layers.3", "layers.3.hc_ffn") and related("layers.3.ffn", None)
+    assert [panel_for(n) for n in ("layers.3.ffn.gate", "layers.3.hc_attn", "layers.1.engram", "layers.2.attn",
+                                   "mtp.1", "embed")] == ["Experts", "mHC", "Engram", "Attention", "DSpark", None]
+    assert filter_path("layers.3.ffn.experts") == "layers.3.ffn" and filter_path("layers.3.hc_ffn") == "layers.3"
+    assert mhc_site("layers.3.hc_ffn") == "ffn" and diagram_node("mHC", "layers.3", "attn") == "layers.3.hc_attn"
+
+
+def test_model_choices(tmp_path):
+    choices = es.model_choices(tmp_path / "none")
+    assert {"tiny-v4.1", "default-small"} <= set(choices)
+    assert "deepseek-v4.1-flash" not in choices and "tiny-v4" not in choices   # too big; not the V4.1 family
+    assert es.default_model(choices) == "tiny-v4.1"
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "config.json").write_text(es.model_choices()["tiny-v4.1"].config.read_text())
+    with_ckpt = es.model_choices(tmp_path)
+    assert with_ckpt["checkpoint:default"].checkpoint == tmp_path / "default"
+    assert es.default_model(with_ckpt) == "checkpoint:default"
+
+
+def test_settings_are_checked():
+    for bad, msg in ((GenSettings("  "), "empty"), (GenSettings("x", max_new_tokens=0), "max new tokens"),
+                     (GenSettings("x", top_p=0.0), "top-p"), (GenSettings("x", schedule="fast"), "schedule")):
+        with pytest.raises(ValueError, match=msg):
+            bad.check()
+
+
+def test_stop_keeps_what_was_generated(slot):
+    settings = GenSettings(PROMPT, max_new_tokens=8)
+    run = LiveRun(new_trace(settings, "tiny-v4.1", ""), "tiny-v4.1")
+
+    def stop_after_three(r, _piece):
+        if r.n_tokens == 3:
+            raise KeyboardInterrupt  # stands in for Streamlit's interruption of the script
+    with pytest.raises(KeyboardInterrupt), slot.turn() as engine:
+        generate_into(engine, settings, run, stop_after_three)
+    assert run.n_tokens == 3 and sum(t.generated for t in run.trace.tokens(0)) == 3
+    assert not slot.busy                                  # the lock was released
+
+
+def test_sessions_take_turns_and_get_their_own_output(slot, plain):
+    order, seen_waiting = [], []
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def holder():
+        with slot.turn():
+            first_in.set()
+            order.append("holder")
+            release.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    first_in.wait(5)
+    results = {}
+
+    def waiter():
+        results["run"] = _run_waiting(slot, seen_waiting)
+
+    w = threading.Thread(target=waiter)
+    w.start()
+    while not seen_waiting:
+        threading.Event().wait(0.05)
+    assert slot.waiting() == 1
+    release.set()
+    t.join(5)
+    w.join(60)
+    assert seen_waiting[0] == 1                           # the holder's generation is ahead
+    assert results["run"].text == plain.text and slot.waiting() == 0
+
+
+def _run_waiting(slot, seen):
+    settings = GenSettings(PROMPT, max_new_tokens=8, attention=True)
+    run = LiveRun(new_trace(settings, "tiny-v4.1", slot.engine.source), "tiny-v4.1")
+    with slot.turn(on_wait=seen.append, poll_s=0.02) as engine:
+        generate_into(engine, settings, run, lambda r, p: None)
+    return run
