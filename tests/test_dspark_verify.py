@@ -67,3 +67,22 @@ def test_identical_draft_and_target_always_accept():
     for _ in range(50):
         drafts = torch.stack([torch.multinomial(p[i], 1, generator=g)[0] for i in range(3)])
         assert verify(drafts, p[:3], p, generator=g).accepted == 3
+
+
+def test_greedy_shortcut_equals_verify_with_one_hot_distributions():
+    from engine.dspark.verify import verify_greedy
+    g = torch.Generator().manual_seed(0)
+    V = 5
+    for _ in range(200):
+        n = int(torch.randint(0, 5, (1,), generator=g))
+        logits = torch.randn(n + 1, V, generator=g)
+        target = logits.argmax(-1)
+        drafts = torch.where(torch.rand(n, generator=g) < 0.7, target[:n], torch.randint(0, V, (n,), generator=g))
+        q = distribution(torch.nn.functional.one_hot(drafts, V).float(), 0.0)
+        assert verify_greedy(drafts, target) == verify(drafts, q, distribution(logits, 0.0), generator=g)
+    try:
+        verify_greedy(torch.tensor([1, 2]), torch.tensor([1, 2]))
+    except ValueError as e:
+        assert "target_ids [3]" in str(e)
+    else:
+        raise AssertionError("shape mismatch accepted")

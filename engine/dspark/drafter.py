@@ -14,7 +14,8 @@ from .drafter_cache import DrafterCache
 @dataclass
 class Draft:
     tokens: torch.Tensor        # [B, γ] x_1..x_γ, drafts for positions anchor+1 .. anchor+γ
-    q: torch.Tensor             # [B, γ, V] the distributions they were drawn from (Markov-corrected)
+    q: torch.Tensor | None      # [B, γ, V] the distributions they were drawn from (Markov-corrected);
+                                # None when greedy (one-hot at each token)
     confidence_logits: torch.Tensor  # [B, γ] raw z_k; c_k = sigmoid(z_k / temperature_k)
 
     def confidence(self, temperature: torch.Tensor | None = None) -> torch.Tensor:
@@ -25,7 +26,9 @@ class Draft:
 
     def draft_probs(self) -> torch.Tensor:
         """q_k(x_k) [B, γ]: each draft's probability under its own distribution."""
-        return self.q.gather(-1, self.tokens.unsqueeze(-1)).squeeze(-1)
+        if self.q is None:
+            return torch.ones(self.tokens.shape)
+        return self.q.gather(-1, self.tokens.unsqueeze(-1).to(self.q.device)).squeeze(-1)
 
 
 def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
@@ -51,10 +54,14 @@ def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor,
     for k in range(gamma):
         # the Markov head makes draft k depend on the token actually drafted before it
         e, bias = last.markov_head(prev)                                     # [B, r], [B, V]
-        q = probabilities(base[:, k] + bias, params)                         # [B, V]
-        x = q.argmax(-1) if params.greedy else draw(q, generators)
+        if params.greedy:  # q is the one-hot argmax: keep the ids only
+            x, q = (base[:, k] + bias).argmax(-1), None
+        else:
+            q = probabilities(base[:, k] + bias, params)                     # [B, V]
+            x = draw(q, generators)
         zs.append(last.confidence_head(hidden[:, k], e))
         tokens.append(x)
         qs.append(q)
         prev = x
-    return Draft(torch.stack(tokens, 1).cpu(), torch.stack(qs, 1), torch.stack(zs, 1).float().cpu())
+    q = None if params.greedy else torch.stack(qs, 1)
+    return Draft(torch.stack(tokens, 1).cpu(), q, torch.stack(zs, 1).float().cpu())

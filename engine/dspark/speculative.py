@@ -15,7 +15,7 @@ from .drafter import draft
 from .drafter_cache import DrafterCache
 from .metrics import DSparkMetrics, summarize
 from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
-from .verify import verify
+from .verify import verify, verify_greedy
 
 SCHEDULES = ("all", "threshold", "auto")
 
@@ -150,8 +150,12 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
         rings.append(model, taps, rows)                                        # [A, w, V], [A, w, n_taps·dim]
         res.target_forwards += 1
         verdicts = []
+        target_ids = logits.argmax(-1).cpu() if params.greedy else None        # [A, w]
         for i, r in enumerate(active):
             ell = lengths[i]
+            if params.greedy:
+                verdicts.append((None, verify_greedy(d.tokens[i, :ell], target_ids[i, :ell + 1])))
+                continue
             p = probabilities(logits[i, :ell + 1], params)                     # [ℓ+1, V]
             verdicts.append((p, verifier(d.tokens[i, :ell].to(device), d.q[i, :ell], p, generator=gens[r])))
         keep = anchor_pos + 1 + torch.tensor([v.accepted for _, v in verdicts])  # committed: anchor + accepted
@@ -177,7 +181,8 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
             out = [int(t) for t in d.tokens[i, :v.accepted]] + [v.token]
             alive = True
             for k, tok in enumerate(out):  # target logits at position anchor+k chose the token at anchor+k+1
-                alive = emit(r, int(anchor_pos[i]) + 1 + k, tok, step, dt, logits[i, k], float(p[k, tok]))
+                prob = 1.0 if p is None else float(p[k, tok])
+                alive = emit(r, int(anchor_pos[i]) + 1 + k, tok, step, dt, logits[i, k], prob)
                 if not alive:
                     break
             if alive:

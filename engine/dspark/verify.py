@@ -50,3 +50,15 @@ def verify(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
             return Verdict(accepted=i, token=token, bonus=False)
     token = int(torch.multinomial(p[n], 1, generator=generator))
     return Verdict(accepted=n, token=token, bonus=True)
+
+
+def verify_greedy(drafts: torch.Tensor, target_ids: torch.Tensor) -> Verdict:
+    """Temperature 0: keep drafts while they equal the target's argmax; the next token is the target's argmax
+    after the kept prefix (what `verify` does with one-hot p and q, without building them).
+    drafts [l]; target_ids [l+1] the target's argmax at the same positions plus one more."""
+    n = drafts.shape[0]
+    if target_ids.shape[0] != n + 1:
+        raise ValueError(f"verify_greedy: drafts [{n}] need target_ids [{n + 1}], got {list(target_ids.shape)}")
+    differ = (drafts.to(target_ids.device) != target_ids[:n]).nonzero()
+    accepted = int(differ[0]) if differ.numel() else n
+    return Verdict(accepted=accepted, token=int(target_ids[accepted]), bonus=accepted == n)
