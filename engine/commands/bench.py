@@ -17,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--gpu", action="store_true",
+                        help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
+                             "with and without kernels, and the bandwidth floor (CUDA; on CPU only under TRITON_INTERPRET=1)")
+    parser.add_argument("--kernel-config", help="config whose widths the per-kernel timings use (default: --config)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,5 +37,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
-    print(json.dumps(result.to_dict(), indent=1) if args.json else "\n".join(result.lines()))
+    gpu = None
+    if getattr(args, "gpu", False):
+        from ..bench_gpu import run_gpu_bench
+        kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
+        gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
+                            batch=args.batch, repeats=max(args.repeats, 1), seed=args.seed)
+    if args.json:
+        print(json.dumps(result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}, indent=1))
+    else:
+        print("\n".join(result.lines() + ([] if gpu is None else gpu.lines())))
     return 0

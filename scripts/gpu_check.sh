@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU check in < 10 min: Triton kernel tests natively on CUDA (and under the interpreter), then `bench --gpu`
+# (per-kernel times at V4.1-Flash widths, launches per decode step, decode tokens/s, bandwidth floor).
+# Without a GPU it runs the CPU-safe parts: interpreter kernel tests and an interpreter smoke run of the bench.
+# Results land in $OUT (default artifacts/gpu_check); BENCHMARKS.md is written by hand from bench.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+OUT=${OUT:-artifacts/gpu_check}
+mkdir -p "$OUT"
+status=0
+step() {  # step NAME SECONDS CMD... : run with a time limit, log to $OUT/NAME.txt, remember failures
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s): $*"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "!! $name failed (exit $rc)"; status=1; }
+}
+KERNEL_TESTS=(tests/test_kernels_mhc.py tests/test_kernels_router.py tests/test_kernels_moe.py
+              tests/test_kernels_engram.py tests/test_kernels_engine.py)
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
+    "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; } \
+    | tee "$OUT/machine.txt"
+  step tests_native 240 env -u TRITON_INTERPRET "$PY" -m pytest -q -rs "${KERNEL_TESTS[@]}"
+  step tests_interpreter 150 env TRITON_INTERPRET=1 "$PY" -m pytest -q -rs "${KERNEL_TESTS[@]}"
+  step bench 180 env -u TRITON_INTERPRET "$PY" -m engine bench --device cuda --config default-small \
+    --kernel-config deepseek-v4.1-flash-inference --prompt-len 64 --new-tokens 32 --gpu
+else
+  echo "no CUDA device: running the CPU-safe parts only (interpreter tests, interpreter bench smoke run)"
+  step tests_interpreter 300 env TRITON_INTERPRET=1 "$PY" -m pytest -q -rs "${KERNEL_TESTS[@]}"
+  step bench_smoke 300 env TRITON_INTERPRET=1 "$PY" -m engine bench --device cpu --config tiny-v4.1 \
+    --prompt-len 4 --new-tokens 2 --repeats 1 --threads 1 --gpu
+fi
+echo "results in $OUT; overall $([ $status -eq 0 ] && echo OK || echo FAILED)"
+exit $status
