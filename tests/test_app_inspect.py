@@ -1,0 +1,113 @@
+"""AppTest of the Inspect page: load, generate, every panel, DSpark, URL state, bad input, links with the diagram."""
+import json
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+TIMEOUT = 180
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
+
+
+def inspect_page(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    at.switch_page("pages/inspect.py")
+    return at.run()
+
+
+def generate(at: AppTest, prompt: str = "The quick brown fox", **settings) -> AppTest:
+    at.text_area(key="inspect_prompt").input(prompt)
+    at.number_input(key="inspect_max_new").set_value(settings.pop("max_new", 6))
+    for key, value in settings.items():
+        at.toggle(key=f"inspect_{key}").set_value(value) if isinstance(value, bool) else \
+            at.selectbox(key=f"inspect_{key}").set_value(value)
+    at.button(key="FormSubmitter:inspect_form-Generate").click()
+    return at.run()
+
+
+def text_of(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def test_page_loads_the_default_model_and_says_the_weights_are_random():
+    at = inspect_page()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Inspect a generation"
+    assert at.selectbox(key="inspect_model").value == "tiny-v4.1"
+    assert any("the text is noise; the machinery is real" in w.value for w in at.warning)
+    assert any("press Generate" in i.value for i in at.info)
+
+
+def test_generate_then_every_panel_renders_with_data():
+    at = generate(inspect_page())
+    assert not at.exception, at.exception
+    assert "status **done** (length)" in text_of(at)
+    assert {m.label: m.value for m in at.metric}["new tokens"] == "6"
+    charts = {}
+    for panel in PANELS:
+        at.segmented_control(key="inspect_panel").set_value(panel)
+        at.run()
+        assert not at.exception, (panel, at.exception)
+        charts[panel] = len(at.get("plotly_chart"))
+        if panel == "DSpark":
+            assert any("No DSpark steps" in i.value for i in at.info)       # DSpark was off
+    assert charts["Experts"] == 3 and charts["mHC"] == 4 and charts["Engram"] == 1 and charts["Attention"] == 2
+    assert at.query_params["panel"] == "Attention" and at.query_params["model"] == "tiny-v4.1"
+
+
+def test_dspark_run_fills_the_dspark_panel():
+    at = generate(inspect_page(panel="DSpark"), dspark=True, schedule="threshold")
+    assert not at.exception, at.exception
+    assert at.segmented_control(key="inspect_panel").value == "DSpark"
+    metrics = {m.label: m.value for m in at.metric}
+    assert int(metrics["steps"]) >= 1 and float(metrics["mean accepted length"]) >= 1.0
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_url_selects_panel_module_and_token():
+    at = generate(inspect_page(node="layers.4.engram", token="3"))
+    assert not at.exception, at.exception
+    assert at.segmented_control(key="inspect_panel").value == "Engram"
+    assert at.selectbox(key="inspect_node").value == "layers.4.engram"
+    assert at.select_slider(key="inspect_token").value == 3
+    assert "compressed token id" in "\n".join(c.value for c in at.caption)
+
+
+def test_a_node_the_model_lacks_gets_a_warning():
+    at = generate(inspect_page(node="layers.30.ffn"))
+    assert not at.exception, at.exception
+    assert any("layers.30.ffn" in w.value and "no recorded data" in w.value for w in at.warning)
+    assert at.selectbox(key="inspect_node").value == "(all modules)"
+
+
+def test_empty_prompt_is_refused_with_a_message():
+    at = generate(inspect_page(), prompt="   ")
+    assert not at.exception, at.exception
+    assert any("prompt is empty" in e.value for e in at.error)
+
+
+def test_diagram_box_opens_its_panel_and_the_panel_links_back():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["config"] = "tiny-v4.1"
+    at.query_params["node"] = "layers.4.hc_ffn"
+    at.run()
+    at.switch_page("pages/architecture.py")
+    at.run()
+    assert at.button(key="to_inspect").label.startswith("Inspect `layers.4.hc_ffn` live")
+    at.button(key="to_inspect").click()
+    at.run()                                  # st.switch_page renders the Inspect page in this run
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Inspect a generation"
+    at.switch_page("pages/inspect.py")        # AppTest's own page would come back on the next run
+    generate(at)
+    assert at.segmented_control(key="inspect_panel").value == "mHC"
+    assert at.selectbox(key="inspect_node").value == "layers.4.hc_ffn"
+    assert json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"].startswith("layers.4 · ffn seam")
+    at.button(key="back_mhc").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "tiny-v4.1"   # the architecture page of the inspected model's config
+    assert at.selectbox(key="arch_node").value == "layers.4.hc_ffn"
