@@ -157,8 +157,8 @@ def test_engram_rows_match_hand_hash_and_gates_are_zero_on_dead(model, tokens):
         assert (rec["row_ids"] < a.engram_num_embeddings[li]).all()
 
 
-def test_engram_hash_agrees_with_the_numpy_hasher_when_present(model, tokens):
-    hasher_mod = pytest.importorskip("engine.engram_hash", reason="engine/engram_hash.py not landed yet")
+def test_engram_hash_agrees_with_the_numpy_hasher(model, tokens):
+    from engine import engram_hash as hasher_mod
     trace = RecordingTrace(attention=False)
     with torch.no_grad():
         model(tokens[:, :10], trace=trace)
