@@ -85,7 +85,8 @@ def generate(slot: es.EngineSlot, settings: GenSettings) -> None:
     st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
     st.button("Stop", key="inspect_stop", icon=":material/stop_circle:",
               help="stops after the current token; the panels show what was generated so far")
-    status, progress, text = st.empty(), st.progress(0.0), st.empty()
+    status, progress = st.empty(), st.progress(0.0)
+    text = st.container(key="inspect_stream", border=True).empty()
 
     def waiting(ahead: int) -> None:
         status.info(f"Waiting for the engine: {ahead} generation(s) from other sessions ahead of this one "
@@ -144,11 +145,12 @@ def current_run() -> LiveRun | None:
 
 
 def run_summary(run: LiveRun) -> None:
-    badge = "🟢 live" if run.source == "live" else f"📂 {run.source}"
+    badge = ":material/sensors: live" if run.source == "live" else f":material/folder_open: {run.source}"
     st.markdown(f"{badge} · status **{run.status}**" + (f" ({run.finish})" if run.finish else ""))
     if run.message:
         st.error(run.message)
-    st.markdown(f"**{_md(run.prompt)}**{_md(run.text)}")
+    with st.container(key="inspect_output", border=True):
+        st.markdown(f"**{_md(run.prompt)}**{_md(run.text)}")
     if run.source == "live":
         c = st.columns(4)
         c[0].metric("new tokens", run.n_tokens)

@@ -64,7 +64,8 @@ def selection(run: LiveRun) -> tuple[str, str | None, int]:
 
 def header(run: LiveRun, config_key: str, node: str | None, what: str, key: str) -> None:
     c1, c2 = st.columns([3, 1])
-    label = "🟢 live data from this session's generation" if run.source == "live" else f"📂 {run.source}"
+    label = (":material/sensors: live data from this session's generation" if run.source == "live"
+             else f":material/folder_open: {run.source} (a saved trace, not a live run)")
     c1.caption(f"{label} · {what}")
     if node:
         with c2:

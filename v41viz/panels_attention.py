@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from engine.trace import Trace
 from .inspect_links import related
+from .panels_layout import titled
 
 
 def attention_paths(trace: Trace, only: str | None = None) -> list[str]:
@@ -29,10 +30,8 @@ def share_figure(trace: Trace, row: int = 0, only: str | None = None) -> go.Figu
     fig = go.Figure()
     for col, colour in (("window", "#9ca3af"), ("compressed", "#3b6ea5"), ("sink", "#c8741c")):
         fig.add_bar(x=t["layer"], y=t[col], name=col, marker_color=colour)
-    fig.update_layout(barmode="stack", height=300, margin=dict(l=10, r=10, t=30, b=10), yaxis_title="mean mass",
-                      legend=dict(orientation="h", y=1.15),
-                      title=dict(text="where attention goes, averaged over tokens", font=dict(size=13)))
-    return fig
+    fig.update_layout(barmode="stack", yaxis_title="mean mass")
+    return titled(fig, "where attention goes, averaged over tokens")
 
 
 def chosen_positions(trace: Trace, row: int, pos: int) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from engine.dspark.metrics import DSparkMetrics, summarize
 from engine.trace import Trace
 from engine.trace_records import DSparkStep
+from .panels_layout import titled
 
 VERDICT_COLOURS = {"accepted": "#bbf7d0", "rejected": "#fecaca", "not verified": "#e5e7eb"}
 
@@ -76,9 +77,8 @@ def accepted_trace_figure(trace: Trace, row: int = 0) -> go.Figure:
                     name="committed (accepted + 1)")
     fig.add_scatter(x=[s.step for s in ss], y=[s.verify_len for s in ss], mode="lines", line=dict(dash="dot"),
                     name="scheduled drafts")
-    fig.update_layout(height=280, margin=dict(l=10, r=10, t=30, b=10), xaxis_title="step", yaxis_title="tokens",
-                      legend=dict(orientation="h", y=1.15))
-    return fig
+    fig.update_layout(xaxis_title="step", yaxis_title="tokens")
+    return titled(fig, "accepted length over the generation")
 
 
 def accepted_histogram(trace: Trace, row: int = 0) -> go.Figure:
@@ -98,6 +98,6 @@ def acceptance_figure(m: DSparkMetrics) -> go.Figure:
     fig.add_bar(x=k, y=m.conditional_acceptance, name="P(accept k | 1..k−1 accepted)", marker_color="#9ca3af")
     fig.add_scatter(x=k, y=m.predicted_survival, mode="lines+markers", name="predicted survival (mean a_k)")
     fig.add_scatter(x=k, y=m.observed_survival, mode="lines+markers", name="observed (drafts 1..k accepted)")
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), xaxis_title="draft position k",
-                      yaxis=dict(range=[0, 1.05], title="probability"), legend=dict(orientation="h", y=1.2))
-    return fig
+    fig.update_layout(xaxis_title="draft position k", yaxis=dict(range=[0, 1.05], title="probability"),
+                      legend=dict(orientation="v"))
+    return titled(fig, "per-position acceptance and calibration", height=360)

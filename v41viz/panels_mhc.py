@@ -7,6 +7,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from engine.trace import MHC_SITES, Trace, path_order
+from .panels_layout import titled
 
 
 def seams(trace: Trace, backbone_only: bool = False) -> list[tuple[str, str]]:
@@ -39,9 +40,8 @@ def pre_post_figure(trace: Trace, path: str, site: str, row: int, pos: int) -> g
     fig = go.Figure()
     fig.add_bar(x=streams, y=rec["pre"], name="pre (read from stream)", marker_color="#3b6ea5")
     fig.add_bar(x=streams, y=rec["post"], name="post (written to stream)", marker_color="#c8741c")
-    fig.update_layout(barmode="group", height=330, margin=dict(l=10, r=10, t=30, b=10),
-                      legend=dict(orientation="h", y=1.12), yaxis_title="weight")
-    return fig
+    fig.update_layout(barmode="group", yaxis_title="weight")
+    return titled(fig, f"pre and post weights · {path} · {site} seam", height=330)
 
 
 def residual_table(trace: Trace, row: int = 0) -> pd.DataFrame:
@@ -61,10 +61,8 @@ def residual_figure(trace: Trace, row: int = 0) -> go.Figure:
     fig = go.Figure()
     fig.add_scatter(x=t["seam"], y=t["max row residual"], mode="lines+markers", name="row sums − 1")
     fig.add_scatter(x=t["seam"], y=t["max column residual"], mode="lines+markers", name="column sums − 1")
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), yaxis=dict(type="log", title="max |residual|"),
-                      legend=dict(orientation="h", y=1.15), title=dict(text="Sinkhorn residuals after the last iteration",
-                                                                       font=dict(size=13)))
-    return fig
+    fig.update_layout(yaxis=dict(type="log", title="max |residual|"))
+    return titled(fig, "Sinkhorn residuals after the last iteration (max over tokens)")
 
 
 def gain_by_depth(trace: Trace, row: int, pos: int) -> pd.DataFrame:

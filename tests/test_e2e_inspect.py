@@ -1,0 +1,153 @@
+"""End-to-end: the Inspect page in headless Chromium — stream a generation, every panel, export and replay,
+two concurrent sessions, and the diagram-as-index links."""
+from __future__ import annotations
+
+import re
+import time
+
+from test_e2e_architecture import SHOTS, browser, server  # noqa: F401  (shared fixtures: one server per module)
+
+PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
+
+
+def _inspect(browser, url: str, height: int = 1800):
+    page = browser.new_page(viewport={"width": 1500, "height": height})
+    page.goto(url)
+    page.get_by_role("button", name="Generate").wait_for(timeout=120_000)   # the engine has loaded
+    return page
+
+
+def _generate(page, prompt: str, max_new: int = 12, dspark: bool = False) -> float:
+    """Fill the form, press Generate; returns seconds from the click to the first streamed token."""
+    page.get_by_label("Prompt").fill(prompt)
+    box = page.get_by_label("max new tokens")
+    box.fill(str(max_new))
+    box.press("Tab")
+    if dspark:
+        page.locator(".st-key-inspect_dspark label").click()
+    t0 = time.perf_counter()
+    page.get_by_role("button", name="Generate").click()
+    page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^\d+/\d+ tokens")).wait_for(timeout=60_000)
+    first = time.perf_counter() - t0
+    page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
+    page.wait_for_timeout(500)
+    return first
+
+
+def _panel(page, name: str):
+    page.locator("[data-testid='stButtonGroup'] button").filter(has_text=re.compile(f"^{name}$")).first.click()
+    page.wait_for_timeout(400)
+    page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(600)
+
+
+def _settled(page) -> None:
+    """Wait until the script run has finished and no element is still a loading skeleton."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=stSkeleton]') && "
+                           "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=30_000)
+    page.wait_for_timeout(300)
+
+
+def _output(page) -> str:
+    return page.locator(".st-key-inspect_output").inner_text()
+
+
+def test_generate_streams_and_every_panel_has_data(server, browser):
+    base, log_path = server
+    page = _inspect(browser, base + "/inspect")
+    assert "the text is noise; the machinery is real" in page.inner_text("body")
+    first = _generate(page, "Once upon a time", max_new=16, dspark=True)
+    print(f"\nclick → first token: {first:.2f} s")
+    assert first < 30
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    _settled(page)
+    page.screenshot(path=str(SHOTS / "inspect_generated.png"), full_page=True)
+    body = page.inner_text("[data-testid='stMain']")
+    assert "live" in body and "tokens/s" in body, body[:3000]
+    checks = {"Experts": "layers.9.ffn", "mHC": "s3", "Engram": "stream 3", "DSpark": "step 1",
+              "Attention": "compressed"}
+    for name in PANELS:
+        _panel(page, name)
+        text = page.inner_text("[data-testid='stMain']")
+        assert checks[name] in text, (name, text[:2000])
+        assert "live data from this session's generation" in text
+        assert page.locator(".js-plotly-plot").count() >= 1
+        assert page.locator("[data-testid='stException']").count() == 0
+        _settled(page)
+        page.screenshot(path=str(SHOTS / f"inspect_{name.lower()}.png"), full_page=True)
+    page.close()
+    assert "Traceback" not in log_path.read_text()
+
+
+def test_export_then_replay_the_trace(server, browser, tmp_path):
+    base, _ = server
+    page = _inspect(browser, base + "/inspect?panel=Engram")
+    _generate(page, "The sea was calm", max_new=8)
+    live_text = _output(page)
+    for fmt, label in (("parquet", "Parquet tables (zip)"), ("safetensors", "safetensors")):
+        page.locator(".st-key-export_format").click()
+        page.get_by_role("option", name=label).click()
+        page.get_by_role("button", name=re.compile(r"^Download trace")).wait_for(timeout=30_000)
+        with page.expect_download() as dl:
+            page.get_by_role("button", name=re.compile(r"^Download trace")).click()
+        path = tmp_path / dl.value.suggested_filename
+        dl.value.save_as(path)
+        assert path.stat().st_size > 1000 and path.name.endswith({"parquet": ".parquet.zip",
+                                                                   "safetensors": ".safetensors"}[fmt])
+    import pandas as pd  # the Parquet zip is readable by pandas
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "trace.parquet.zip") as z:
+        z.extract("moe.parquet", tmp_path)
+    assert len(pd.read_parquet(tmp_path / "moe.parquet")) > 0
+    page.get_by_text("Replay a saved trace").first.click()
+    page.locator(".st-key-inspect_upload [data-testid='stFileUploaderDropzoneInput']").set_input_files(
+        str(tmp_path / "trace.safetensors"))
+    page.get_by_text("loaded: trace.safetensors").first.wait_for(timeout=60_000)
+    _panel(page, "Engram")
+    text = page.inner_text("[data-testid='stMain']")
+    assert "loaded: trace.safetensors (a saved trace" in text and "stream 3" in text
+    assert _output(page) == live_text          # the replayed trace carries the same prompt and text
+    page.screenshot(path=str(SHOTS / "inspect_replay_loaded.png"), full_page=True)
+    page.close()
+
+
+def test_two_sessions_at_once_get_what_they_get_alone(server, browser):
+    base, _ = server
+    a, b = _inspect(browser, base + "/inspect", 1000), _inspect(browser, base + "/inspect", 1000)
+    for page, prompt in ((a, "Alpha beta gamma"), (b, "Red green blue")):
+        page.get_by_label("Prompt").fill(prompt)
+        page.get_by_label("max new tokens").fill("16")
+        page.get_by_label("max new tokens").press("Tab")
+    a.get_by_role("button", name="Generate").click()
+    b.get_by_role("button", name="Generate").click()
+    for page in (a, b):
+        page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
+    together = [_output(a), _output(b)]
+    b.screenshot(path=str(SHOTS / "inspect_second_session.png"), full_page=True)
+    a.close()
+    b.close()
+    alone = _inspect(browser, base + "/inspect", 1000)
+    _generate(alone, "Red green blue", max_new=16)
+    assert _output(alone) == together[1] and together[0] != together[1]
+    alone.close()
+
+
+def test_diagram_box_opens_its_panel_and_back(server, browser):
+    base, _ = server
+    page = browser.new_page(viewport={"width": 1500, "height": 1800})
+    page.goto(base + "/architecture?config=tiny-v4.1&node=layers.1.engram")
+    button = page.get_by_role("button", name=re.compile("Inspect .*layers.1.engram.* live"))
+    button.wait_for(timeout=90_000)
+    button.click()
+    page.get_by_role("button", name="Generate").wait_for(timeout=120_000)
+    page.wait_for_function("() => location.pathname.endsWith('/inspect')", timeout=15_000)
+    _generate(page, "Memory of words", max_new=8)
+    text = page.inner_text("[data-testid='stMain']")
+    assert "Engram memory" in text and "layers.1.engram" in text
+    page.wait_for_function("() => location.search.includes('node=layers.1.engram')", timeout=15_000)
+    page.screenshot(path=str(SHOTS / "inspect_from_diagram.png"), full_page=True)
+    page.locator(".st-key-back_engram button").click()
+    page.wait_for_function("() => location.pathname.endsWith('/architecture')", timeout=30_000)
+    page.locator(".st-key-details_panel").get_by_text("layers.1.engram").first.wait_for(timeout=60_000)
+    assert "node=layers.1.engram" in page.url and "config=tiny-v4.1" in page.url
+    page.close()
