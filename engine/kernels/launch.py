@@ -166,15 +166,17 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     xin = (fp8_qdq(x) if act_quant else x).to(w1.dtype).contiguous()       # the reference casts to the weight dtype
     h = torch.empty(P, inter, dtype=x.dtype, device=dev)                   # hidden rows in expert-sorted order
     cap = 256 if _wide(dev) else 64
+    # fp32 weights: full-precision products like torch's default (TF32 off); 16-bit inputs ignore the setting
+    precision = "ieee" if w1.dtype == torch.float32 else "tf32"
     bn, bk = block(inter, cap, 16), block(dim, cap, 16)
     moe_gate_up_kernel[(t_exp.numel(), -(-inter // bn))](
         xin, token, pair_w, w1, w3, h, t_exp, t_start, t_end, dim, inter, float(limit),
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, CLAMP=limit > 0)
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, CLAMP=limit > 0, PRECISION=precision)
     h = (fp8_qdq(h) if act_quant else h).to(w2.dtype).contiguous()
     y = torch.empty(P, dim, dtype=torch.float32, device=dev)
     bn, bk = block(dim, cap, 16), block(inter, cap, 16)
     moe_down_kernel[(t_exp.numel(), -(-dim // bn))](h, w2, y, t_exp, t_start, t_end, dim, inter,
-                                                    BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk)
+                                                    BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision)
     bd = block(dim, 1024 if _wide(dev) else 256)
     moe_combine_kernel[(N, -(-dim // bd))](y, slot.contiguous(), out, dim, K=k, BLOCK_D=bd)
     return out

@@ -19,7 +19,8 @@ def _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M: tl.constexpr):
 def moe_gate_up_kernel(x_ptr, token_ptr, pair_weight_ptr, w1_ptr, w3_ptr, h_ptr,
                        tile_expert_ptr, tile_start_ptr, tile_end_ptr,
                        DIM, INTER, limit,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr,
+                       PRECISION: tl.constexpr):
     """h[rows, cols] = SwiGLU(x[token] W1[e]ᵀ, x[token] W3[e]ᵀ) · routing weight, for one (tile, column block)."""
     expert, rows, rm, busy = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -35,8 +36,8 @@ def moe_gate_up_kernel(x_ptr, token_ptr, pair_weight_ptr, w1_ptr, w3_ptr, h_ptr,
         bm = km[:, None] & cm[None, :]
         b1 = tl.load(w1_ptr + w_base + cols[None, :] * DIM + k[:, None], mask=bm, other=0.0)   # [K, N] = W1ᵀ tile
         b3 = tl.load(w3_ptr + w_base + cols[None, :] * DIM + k[:, None], mask=bm, other=0.0)
-        g = tl.dot(a, b1, g)
-        u = tl.dot(a, b3, u)
+        g = tl.dot(a, b1, g, input_precision=PRECISION)
+        u = tl.dot(a, b3, u, input_precision=PRECISION)
     if CLAMP:  # up clamped both ways, gate only from above (engine.model.moe.swiglu)
         u = tl.minimum(tl.maximum(u, -limit), limit)
         g = tl.minimum(g, limit)
@@ -49,7 +50,7 @@ def moe_gate_up_kernel(x_ptr, token_ptr, pair_weight_ptr, w1_ptr, w3_ptr, h_ptr,
 @triton.jit
 def moe_down_kernel(h_ptr, w2_ptr, y_ptr, tile_expert_ptr, tile_start_ptr, tile_end_ptr,
                     DIM, INTER,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """y[rows, cols] = h[rows] W2[e]ᵀ in fp32, for one (tile, column block)."""
     expert, rows, rm, busy = _tile(tile_expert_ptr, tile_start_ptr, tile_end_ptr, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,7 +62,7 @@ def moe_down_kernel(h_ptr, w2_ptr, y_ptr, tile_expert_ptr, tile_start_ptr, tile_
         km = k < INTER
         a = tl.load(h_ptr + rows[:, None] * INTER + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
         b = tl.load(w2_ptr + w_base + cols[None, :] * INTER + k[:, None], mask=km[:, None] & cm[None, :], other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     tl.store(y_ptr + rows[:, None] * DIM + cols[None, :], acc, mask=rm[:, None] & cm[None, :])
 
 
