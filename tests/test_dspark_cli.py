@@ -35,3 +35,12 @@ def test_dspark_cli_errors_are_named(tmp_path, capsys):
     args = ["generate", "--config", str(tmp_path / "plain.json")] + BASE[3:] + ["--dspark"]
     assert main(args) != 0
     assert "has no DSpark drafter" in capsys.readouterr().err
+
+
+def test_bench_adds_dspark_on_off_rows(capsys):
+    argv = ["bench", "--threads", "1", "--prompt-len", "4", "--new-tokens", "3", "--repeats", "1", "--dspark"]
+    assert main(argv + ["--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["dspark"]
+    assert row["outputs_equal"] is True and row["schedule"] == "all"
+    assert row["speedup"] == row["dspark_tokens_per_s"] / row["plain_tokens_per_s"] > 0
+    assert row["mean_accepted_length"] >= 1 and row["tokens_per_target_forward"] >= 1

@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
                              "with and without kernels, and the bandwidth floor (CUDA; on CPU only under TRITON_INTERPRET=1)")
     parser.add_argument("--kernel-config", help="config whose widths the per-kernel timings use (default: --config)")
+    parser.add_argument("--dspark", action="store_true",
+                        help="add DSpark on/off rows: tokens/s ratio, tokens per target forward, mean accepted length")
+    parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
+                        help="DSpark schedule for the --dspark rows (default all)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +47,15 @@ def run(args: argparse.Namespace) -> int:
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
         gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
                             batch=args.batch, repeats=max(args.repeats, 1), seed=args.seed)
+    spec = None
+    if getattr(args, "dspark", False):
+        from ..dspark.bench import run_dspark_bench
+        spec = run_dspark_bench(resolve_config(args.config), schedule=args.schedule, batch=args.batch,
+                                prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
+                                seed=args.seed, device=args.device)
     if args.json:
-        print(json.dumps(result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}, indent=1))
+        out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
+        print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
     else:
-        print("\n".join(result.lines() + ([] if gpu is None else gpu.lines())))
+        print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) + ([] if spec is None else spec.lines())))
     return 0
