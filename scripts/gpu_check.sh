@@ -18,7 +18,7 @@ step() {  # step NAME SECONDS CMD... : run with a time limit, log to $OUT/NAME.t
   [ "$rc" -eq 0 ] || { echo "!! $name failed (exit $rc)"; status=1; }
 }
 KERNEL_TESTS=(tests/test_kernels_compile.py tests/test_kernels_mhc.py tests/test_kernels_router.py tests/test_kernels_moe.py
-              tests/test_kernels_engram.py tests/test_kernels_engine.py)
+              tests/test_kernels_engram.py tests/test_kernels_engine.py tests/test_kernels_bench.py)
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
     "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; } \
