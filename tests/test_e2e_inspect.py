@@ -87,13 +87,14 @@ def test_export_then_replay_the_trace(server, browser, tmp_path):
     for fmt, label in (("parquet", "Parquet tables (zip)"), ("safetensors", "safetensors")):
         page.locator(".st-key-export_format").click()
         page.get_by_role("option", name=label).click()
-        page.get_by_role("button", name=re.compile(r"^Download trace")).wait_for(timeout=30_000)
+        wanted = {"parquet": "trace.parquet.zip", "safetensors": "trace.safetensors"}[fmt]
+        button = page.get_by_role("button", name=re.compile("^Download " + re.escape(wanted)))
+        button.wait_for(timeout=30_000)                    # the button of the chosen format has rendered
         with page.expect_download() as dl:
-            page.get_by_role("button", name=re.compile(r"^Download trace")).click()
+            button.click()
         path = tmp_path / dl.value.suggested_filename
         dl.value.save_as(path)
-        assert path.stat().st_size > 1000 and path.name.endswith({"parquet": ".parquet.zip",
-                                                                   "safetensors": ".safetensors"}[fmt])
+        assert path.stat().st_size > 1000 and path.name == wanted
     import pandas as pd  # the Parquet zip is readable by pandas
     import zipfile
     with zipfile.ZipFile(tmp_path / "trace.parquet.zip") as z:
