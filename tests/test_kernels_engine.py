@@ -85,3 +85,30 @@ def test_errors_name_the_problem(monkeypatch):
     assert "TRITON_INTERPRET=1" in unavailable_reason("cpu")
     with pytest.raises(RuntimeError, match="Triton kernels unavailable.*TRITON_INTERPRET=1"):
         apply_kernels(tiny_model(dtype=torch.float32, **SMALL), "triton")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_drafter_matches_reference(mode):
+    """DSpark draft stages (KernelDraftStage) give the same drafts and confidence logits."""
+    from engine.dspark.drafter import draft
+    from engine.dspark.drafter_cache import DrafterCache
+    from engine.sampling import SamplingParams
+
+    ref, fast = _pair()
+    toks = random_tokens(1, 2, seed=14, vocab=2048)
+    drafts = {}
+    with torch.no_grad():
+        # the target's prefill (compared above) once, on the reference: only the drafter runs kernels here
+        logits, taps = ref(toks, ref.new_cache(1, 16), return_taps=True, logits="all")
+        for name, m in (("ref", ref), ("fast", fast)):
+            trace = RecordingTrace(attention=False)
+            rings = DrafterCache(m, 1, m.margin)
+            rings.append(m, taps, [0])
+            drafts[name] = draft(m, rings, torch.tensor([0]), logits[:, -1].argmax(-1).cpu(), SamplingParams(),
+                                 [None], trace=trace), trace
+    (d_ref, t_ref), (d_fast, t_fast) = drafts["ref"], drafts["fast"]
+    assert_equal(d_fast.tokens, d_ref.tokens, "drafted tokens")
+    assert_close(d_fast.confidence_logits, d_ref.confidence_logits, 1e-4, "confidence logits")
+    assert len(t_fast.mhc) == len(t_ref.mhc) == 2 * fast.args.n_draft_stages
+    for a, b in zip(t_fast.moe, t_ref.moe):
+        assert_equal(a["ids"], b["ids"], f"{a['path']} drafter expert ids")
