@@ -59,7 +59,10 @@ class LiveRun:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.n_tokens / self.elapsed_s if self.elapsed_s > 0 else float("nan")
+        """Streaming rate after the first token (the wait in the queue and the prefill are in first_token_s)."""
+        if self.first_token_s is None or self.n_tokens < 2 or self.elapsed_s <= self.first_token_s:
+            return float("nan")
+        return (self.n_tokens - 1) / (self.elapsed_s - self.first_token_s)
 
 
 def new_trace(settings: GenSettings, model: str, weights: str) -> Trace:

@@ -94,7 +94,7 @@ def generate(slot: es.EngineSlot, settings: GenSettings) -> None:
 
     def show(r: LiveRun, _piece: str) -> None:
         progress.progress(min(r.n_tokens / settings.max_new_tokens, 1.0),
-                          text=f"{r.n_tokens}/{settings.max_new_tokens} tokens · {r.tokens_per_s:.1f} tokens/s · "
+                          text=f"{r.n_tokens}/{settings.max_new_tokens} tokens · {_rate(r)} · "
                                f"first token after {r.first_token_s:.2f} s")
         text.markdown(f"**{_md(settings.prompt)}**{_md(r.text)}")
 
@@ -154,9 +154,14 @@ def run_summary(run: LiveRun) -> None:
     if run.source == "live":
         c = st.columns(4)
         c[0].metric("new tokens", run.n_tokens)
-        c[1].metric("tokens/s", f"{run.tokens_per_s:.1f}")
+        c[1].metric("tokens/s after the first", _rate(run).removesuffix(" tokens/s"))
         c[2].metric("click → first token", "–" if run.first_token_s is None else f"{run.first_token_s:.2f} s")
         c[3].metric("total", f"{run.elapsed_s:.2f} s")
+
+
+def _rate(run: LiveRun) -> str:
+    rate = run.tokens_per_s
+    return "–" if rate != rate else f"{rate:.1f} tokens/s"
 
 
 def _md(text: str) -> str:
