@@ -115,3 +115,17 @@ def test_bad_dspark_options_are_refused(model):
                           compress_ratios=(0, 0, 2, 2, 2, 2, 1, 1, 1, 1))
     with pytest.raises(ValueError, match="no DSpark drafter"):
         generate_speculative(no_draft, PROMPTS, max_new_tokens=2)
+
+
+def test_confidence_temperature_rescales_the_logits_per_position(model):
+    kw = dict(max_new_tokens=4, seed=0)
+    raw = generate_speculative(model, PROMPTS[:2], **kw).steps
+    t = (1.0, 2.0, 0.5, 4.0, 1.0)
+    scaled = generate_speculative(model, PROMPTS[:2], dspark=DSparkConfig(confidence_temperature=t), **kw).steps
+    for a, b in zip(raw, scaled):
+        z = torch.logit(torch.from_numpy(a.confidences).double())
+        assert torch.allclose(torch.from_numpy(b.confidences).double(), torch.sigmoid(z / torch.tensor(t)), atol=1e-6)
+    with pytest.raises(ValueError, match="has 2 values"):
+        generate_speculative(model, PROMPTS, dspark=DSparkConfig(confidence_temperature=(1.0, 2.0)), **kw)
+    with pytest.raises(ValueError, match="positive numbers"):
+        DSparkConfig(confidence_temperature=(1.0, 0.0, 1.0, 1.0, 1.0))

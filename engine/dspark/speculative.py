@@ -11,43 +11,19 @@ import torch
 from ..generate import EOS_ID, GenerationResult, OnToken, StepInfo, _elapsed, _row_seeds, check_prompts
 from ..sampling import SamplingParams, draw, make_generators, probabilities
 from ..trace_records import DSparkStep
+from .config import SCHEDULES, DSparkConfig
 from .drafter import draft
 from .drafter_cache import DrafterCache
 from .metrics import DSparkMetrics, summarize
-from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
 from .verify import verify, verify_greedy
 
-SCHEDULES = ("all", "threshold", "auto")
-
-
-@dataclass(frozen=True)
-class DSparkConfig:
-    schedule: str = "all"              # all | threshold | auto (DSpark Alg. 1 with a profiled table)
-    threshold: float = 0.5             # for "threshold": cut before the first draft with c_k below it
-    sps: ThroughputTable | None = None  # for "auto": steps per second by batch tokens
-    early_stop: bool = True            # for "auto": the paper's online form; False = global search
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"DSpark schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.schedule == "auto" and self.sps is None:
-            raise ValueError("DSpark schedule 'auto' needs a ThroughputTable (engine.dspark.profile.load_or_profile)")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"DSpark threshold must lie in [0, 1], got {self.threshold}")
-
-    def lengths(self, confidence: torch.Tensor) -> list[int]:
-        """Drafts to verify per request, from confidences [R, γ]."""
-        if self.schedule == "all":
-            return schedule_all(confidence)
-        if self.schedule == "threshold":
-            return schedule_threshold(confidence, self.threshold)
-        return schedule_throughput(confidence, self.sps, early_stop=self.early_stop)
+__all__ = ["SCHEDULES", "DSparkConfig", "SpeculativeResult", "generate_speculative"]
 
 
 @dataclass
 class SpeculativeResult(GenerationResult):
     steps: list[DSparkStep] = field(default_factory=list)
-    target_forwards: int = 0           # decode-time target forwards (one per speculative step)
+    target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
 
     @property
     def metrics(self) -> DSparkMetrics:
@@ -72,121 +48,153 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
         raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    cfg = dspark or DSparkConfig()
-    params = SamplingParams(float(temperature), top_k, float(top_p))
-    prompts = check_prompts(prompts, args.vocab_size, args.max_seq_len)
-    n, gamma = len(prompts), args.dspark_block_size
-    device = model.device
-    gens = make_generators(_row_seeds(seed, n), device)
-    stop = {int(t) for t in stop_tokens}
-    text_of = token_text or (lambda t: "")
-    # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
-    cache = model.new_cache(n, min(args.max_seq_len, max(map(len, prompts)) + max_new_tokens) + gamma + 1)
-    rings = DrafterCache(model, n, cache.margin)
-    res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
+    run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
+                       SamplingParams(float(temperature), top_k, float(top_p)), dspark or DSparkConfig(), seed,
+                       stop_tokens, on_token, trace, token_text, verifier)
+    run.prefill()
+    while run.active:
+        run.step()
+    return run.res
 
-    def emit(row: int, pos: int, token: int, step: int, dt: float, logits: torch.Tensor, prob: float) -> bool:
+
+class _Speculation:
+    """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
+
+    def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
+                 verifier):
+        self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
+        self.params, self.cfg, self.trace, self.on_token, self.verifier = params, cfg, trace, on_token, verifier
+        n, self.gamma = len(prompts), model.args.dspark_block_size
+        self.temperature = cfg.temperature(self.gamma)
+        self.gens = make_generators(_row_seeds(seed, n), model.device)
+        self.stop = {int(t) for t in stop_tokens}
+        self.text_of = token_text or (lambda t: "")
+        # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
+        longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
+        self.cache = model.new_cache(n, longest + self.gamma + 1)
+        self.rings = DrafterCache(model, n, self.cache.margin)
+        self.res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
+        self.active: list[int] = []
+        self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
+        self.n_steps = 0
+
+    def emit(self, row: int, pos: int, token: int, step: int, dt: float, logits: torch.Tensor, prob: float) -> bool:
         """Append one token; False when the row is finished (a stop token is not appended)."""
-        if token in stop:
+        res = self.res
+        if token in self.stop:
             res.finish_reasons[row] = "stop"
             return False
         res.tokens[row].append(token)
-        if trace is not None:
-            trace.record_token(row, pos, token, text_of(token), step=step, step_time_s=dt, logits=logits)
-        if on_token is not None:
-            on_token(row, token, StepInfo(step, pos, dt, prob))
-        if len(res.tokens[row]) >= max_new_tokens:
+        if self.trace is not None:
+            self.trace.record_token(row, pos, token, self.text_of(token), step=step, step_time_s=dt, logits=logits)
+        if self.on_token is not None:
+            self.on_token(row, token, StepInfo(step, pos, dt, prob))
+        if len(res.tokens[row]) >= self.max_new:
             res.finish_reasons[row] = "length"
-        elif pos + 1 >= args.max_seq_len:
+        elif pos + 1 >= self.args.max_seq_len:
             res.finish_reasons[row] = "max_seq_len"
         else:
             return True
         return False
 
-    # Prefill: prompts of equal length together (no padding enters any computation); the taps fill the
-    # drafter rings for every prompt position.
-    active, anchors = [], {}
-    by_len: dict[int, list[int]] = {}
-    for row, ids in enumerate(prompts):
-        by_len.setdefault(len(ids), []).append(row)
-        if trace is not None:
-            trace.record_prompt(row, ids, [text_of(t) for t in ids])
-    for length, group in by_len.items():
-        t0 = time.perf_counter()
-        logits, taps = model(torch.tensor([prompts[r] for r in group], device=device), cache,
-                             rows=torch.tensor(group), trace=trace, logits="last", return_taps=True)  # [G, V]
-        rings.append(model, taps, group)                                     # taps [G, S, n_taps·dim]
-        dt = _elapsed(t0, device)
-        res.prefill_s += dt
-        if max_new_tokens == 0:
-            for r in group:
-                res.finish_reasons[r] = "length"
-            continue
-        p = probabilities(logits, params)                                     # [G, V]
-        chosen = p.argmax(-1) if params.greedy else draw(p, [gens[r] for r in group])
-        for i, r in enumerate(group):
-            token = int(chosen[i])
-            if emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
-                active.append(r)
-                anchors[r] = token
-    active.sort()
+    def prefill(self) -> None:
+        """Prompts of equal length go together (no padding enters any computation); the taps fill the drafter
+        rings for every prompt position, and the target's last logits give each row its first anchor."""
+        by_len: dict[int, list[int]] = {}
+        for row, ids in enumerate(self.prompts):
+            by_len.setdefault(len(ids), []).append(row)
+            if self.trace is not None:
+                self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
+        model, dev = self.model, self.model.device
+        for length, group in by_len.items():
+            t0 = time.perf_counter()
+            logits, taps = model(torch.tensor([self.prompts[r] for r in group], device=dev), self.cache,
+                                 rows=torch.tensor(group), trace=self.trace, logits="last", return_taps=True)
+            self.rings.append(model, taps, group)                             # taps [G, S, n_taps·dim]
+            dt = _elapsed(t0, dev)
+            self.res.prefill_s += dt
+            if self.max_new == 0:
+                for r in group:
+                    self.res.finish_reasons[r] = "length"
+                continue
+            p = probabilities(logits, self.params)                             # [G, V]
+            chosen = p.argmax(-1) if self.params.greedy else draw(p, [self.gens[r] for r in group])
+            for i, r in enumerate(group):
+                token = int(chosen[i])
+                if self.emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
+                    self.active.append(r)
+                    self.anchors[r] = token
+        self.active.sort()
 
-    step = 0
-    while active:
-        step += 1
+    def step(self) -> None:
+        """One DSpark step for every active row: draft γ, schedule ℓ per row, verify [anchor, x_1..x_ℓ] in one
+        target forward, roll every cache back to the committed prefix, emit the accepted drafts + one token."""
+        model, dev, active = self.model, self.model.device, self.active
+        self.n_steps += 1
         t0 = time.perf_counter()
         rows = torch.tensor(active)
-        anchor_pos = cache.pos[rows].clone()                                   # [A] each anchor's position
-        d = draft(model, rings, rows, torch.tensor([anchors[r] for r in active]), params,
-                  [gens[r] for r in active], trace)
-        conf = d.confidence()                                                  # [A, γ]
-        lengths = cfg.lengths(conf)
-        for i, r in enumerate(active):  # never verify past the token budget or the model's last position
-            room = min(max_new_tokens - len(res.tokens[r]), args.max_seq_len - 1 - int(anchor_pos[i])) - 1
-            lengths[i] = max(0, min(lengths[i], room))
+        anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
+        anchors = torch.tensor([self.anchors[r] for r in active])
+        d = draft(model, self.rings, rows, anchors, self.params, [self.gens[r] for r in active], self.trace)
+        conf = d.confidence(self.temperature)                                  # [A, γ]
+        lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
         width = max(lengths) + 1
-        block = torch.cat([rows.new_tensor([[anchors[r]] for r in active]), d.tokens[:, :width - 1]], 1)  # [A, w]
-        logits, taps = model(block.to(device), cache, rows=rows, trace=trace, logits="all", return_taps=True)
-        rings.append(model, taps, rows)                                        # [A, w, V], [A, w, n_taps·dim]
-        res.target_forwards += 1
-        verdicts = []
-        target_ids = logits.argmax(-1).cpu() if params.greedy else None        # [A, w]
-        for i, r in enumerate(active):
-            ell = lengths[i]
-            if params.greedy:
-                verdicts.append((None, verify_greedy(d.tokens[i, :ell], target_ids[i, :ell + 1])))
-                continue
-            p = probabilities(logits[i, :ell + 1], params)                     # [ℓ+1, V]
-            verdicts.append((p, verifier(d.tokens[i, :ell].to(device), d.q[i, :ell], p, generator=gens[r])))
+        block = torch.cat([anchors.unsqueeze(1), d.tokens[:, :width - 1]], 1)  # [A, w]; rows with ℓ < w − 1 padded
+        logits, taps = model(block.to(dev), self.cache, rows=rows, trace=self.trace, logits="all", return_taps=True)
+        self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
+        self.res.target_forwards += 1
+        verdicts = self._verify(d, lengths, logits)
         keep = anchor_pos + 1 + torch.tensor([v.accepted for _, v in verdicts])  # committed: anchor + accepted
-        cache.rollback(keep, rows)
-        rings.rollback(keep, rows)
-        dt = _elapsed(t0, device)
-        res.decode_s += dt
-        res.step_times.append(dt)
-        still, q_drafts = [], d.draft_probs().float().cpu().numpy()      # [A, γ]
+        self.cache.rollback(keep, rows)
+        self.rings.rollback(keep, rows)
+        dt = _elapsed(t0, dev)
+        self.res.decode_s += dt
+        self.res.step_times.append(dt)
+        self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
+
+    def _capped(self, lengths: list[int], anchor_pos: torch.Tensor) -> list[int]:
+        """Never verify past a row's token budget or the model's last position: a step emits ℓ + 1 tokens."""
+        out = []
+        for i, r in enumerate(self.active):
+            room = min(self.max_new - len(self.res.tokens[r]), self.args.max_seq_len - 1 - int(anchor_pos[i])) - 1
+            out.append(max(0, min(lengths[i], room)))
+        return out
+
+    def _verify(self, d, lengths, logits) -> list:
+        """(p [ℓ+1, V] or None when greedy, Verdict) per active row."""
+        out = []
+        target_ids = logits.argmax(-1).cpu() if self.params.greedy else None  # [A, w]
+        for i, r in enumerate(self.active):
+            ell = lengths[i]
+            if self.params.greedy:
+                out.append((None, verify_greedy(d.tokens[i, :ell], target_ids[i, :ell + 1])))
+                continue
+            p = probabilities(logits[i, :ell + 1], self.params)                # [ℓ+1, V]
+            out.append((p, self.verifier(d.tokens[i, :ell].to(p.device), d.q[i, :ell], p, generator=self.gens[r])))
+        return out
+
+    def _commit(self, d, conf, lengths, verdicts, logits, anchor_pos, keep, dt) -> None:
+        still, q_drafts = [], d.draft_probs().float().cpu().numpy()            # [A, γ]
         survival = np.cumprod(conf.numpy(), axis=1)                            # [A, γ]
-        for i, r in enumerate(active):
+        for i, r in enumerate(self.active):
             p, v = verdicts[i]
-            if trace is not None:
-                trace.rollback(r, int(keep[i]))
-            rec = DSparkStep(row=r, step=step, anchor_pos=int(anchor_pos[i]), anchor_token=anchors[r],
-                             drafted=d.tokens[i].numpy(), draft_probs=q_drafts[i],
-                             confidences=conf[i].numpy(), survival=survival[i],
-                             verify_len=lengths[i], accepted=v.accepted, next_token=v.token,
+            if self.trace is not None:
+                self.trace.rollback(r, int(keep[i]))  # the target's facts of rejected positions
+            rec = DSparkStep(row=r, step=self.n_steps, anchor_pos=int(anchor_pos[i]), anchor_token=self.anchors[r],
+                             drafted=d.tokens[i].numpy(), draft_probs=q_drafts[i], confidences=conf[i].numpy(),
+                             survival=survival[i], verify_len=lengths[i], accepted=v.accepted, next_token=v.token,
                              next_kind="bonus" if v.bonus else "replacement", time_s=dt)
-            res.steps.append(rec)
-            if trace is not None:
-                trace.record_dspark_step(rec)
-            out = [int(t) for t in d.tokens[i, :v.accepted]] + [v.token]
+            self.res.steps.append(rec)
+            if self.trace is not None:
+                self.trace.record_dspark_step(rec)
             alive = True
+            out = [int(t) for t in d.tokens[i, :v.accepted]] + [v.token]
             for k, tok in enumerate(out):  # target logits at position anchor+k chose the token at anchor+k+1
                 prob = 1.0 if p is None else float(p[k, tok])
-                alive = emit(r, int(anchor_pos[i]) + 1 + k, tok, step, dt, logits[i, k], prob)
+                alive = self.emit(r, int(anchor_pos[i]) + 1 + k, tok, self.n_steps, dt, logits[i, k], prob)
                 if not alive:
                     break
             if alive:
-                anchors[r] = v.token
+                self.anchors[r] = v.token
                 still.append(r)
-        active = still
-    return res
+        self.active = still

@@ -1,0 +1,50 @@
+"""DSparkConfig: which schedule picks the verified prefix, and how confidences are calibrated."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
+
+SCHEDULES = ("all", "threshold", "auto")
+
+
+@dataclass(frozen=True)
+class DSparkConfig:
+    schedule: str = "all"              # all | threshold | auto (DSpark Alg. 1 with a profiled table)
+    threshold: float = 0.5             # for "threshold": cut before the first draft with c_k below it
+    sps: ThroughputTable | None = None  # for "auto": steps per second by batch tokens
+    early_stop: bool = True            # for "auto": the paper's online form; False = global search
+    # Sequential Temperature Scaling: c_k = sigmoid(z_k / t_k), one t per draft position, fitted per deployment
+    # on held-out data (the production values are not published). None = raw sigmoid(z_k).
+    confidence_temperature: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"DSpark schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule == "auto" and self.sps is None:
+            raise ValueError("DSpark schedule 'auto' needs a ThroughputTable (engine.dspark.profile.load_or_profile)")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"DSpark threshold must lie in [0, 1], got {self.threshold}")
+        t = self.confidence_temperature
+        if t is not None and not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in t):
+            raise ValueError(f"DSpark confidence_temperature must be positive numbers, one per draft, got {t!r}")
+
+    def temperature(self, gamma: int) -> torch.Tensor | None:
+        """[γ] per-position confidence temperatures, or None."""
+        if self.confidence_temperature is None:
+            return None
+        if len(self.confidence_temperature) != gamma:
+            raise ValueError(f"DSpark confidence_temperature has {len(self.confidence_temperature)} values; the "
+                             f"drafter proposes {gamma} tokens (dspark_block_size)")
+        return torch.tensor(self.confidence_temperature, dtype=torch.float32)
+
+    def lengths(self, confidence: torch.Tensor) -> list[int]:
+        """Drafts to verify per request, from confidences [R, γ]."""
+        if self.schedule == "all":
+            return schedule_all(confidence)
+        if self.schedule == "threshold":
+            return schedule_threshold(confidence, self.threshold)
+        return schedule_throughput(confidence, self.sps, early_stop=self.early_stop)
