@@ -128,3 +128,41 @@ def test_drafter_rollback_refuses_what_it_cannot_restore(model):
         rings.rollback(31, [0])
     rings.rollback(30 - rings.margin, [0])
     assert int(rings.pos[0]) == 30 - rings.margin
+
+
+def test_teacher_forced_drafts_equal_generation_drafts(model):
+    """Many anchors of one sequence at once give the logits the generation-time drafter gives, when the
+    sequence continues with the drafted tokens (so teacher forcing feeds the Markov head the same tokens)."""
+    from engine.dspark.teacher_forced import draft_teacher_forced
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, V, (1, 11), generator=g)
+    _, rings, _ = prefilled(model, prefix[:, :10])
+    with torch.inference_mode():
+        d = draft(model, rings, torch.tensor([0]), prefix[0, 10:11], SamplingParams(temperature=1.0),
+                  [torch.Generator().manual_seed(0)])
+        seq = torch.cat([prefix[0], d.tokens[0]])                             # anchor at 10, drafts at 11..15
+        _, taps = model(seq.unsqueeze(0), logits="last", return_taps=True)
+        out = draft_teacher_forced(model, seq, taps[0], torch.tensor([3, 10]))
+    assert torch.allclose(torch.softmax(out.logits[1], -1).float(), d.q[0], atol=1e-6)
+    assert torch.allclose(out.confidence_logits[1].float(), d.confidence_logits[0], atol=1e-6)
+    assert torch.equal(out.targets[1], d.tokens[0]) and torch.equal(out.targets[0], seq[4:9])
+    with pytest.raises(ValueError, match="anchors must lie in"):
+        draft_teacher_forced(model, seq, taps[0], torch.tensor([0]))
+
+
+def test_teacher_forced_draft_is_differentiable():
+    from engine.dspark.teacher_forced import draft_teacher_forced
+    from engine.model import EngineOptions
+    m = tiny_model(dtype=torch.float32, options=EngineOptions(quant_sim=False), vocab_size=V,
+                   dspark_noise_token_id=V - 1)   # training runs without the cache quant-dequant
+    seq = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        _, taps = m(seq.unsqueeze(0), logits="last", return_taps=True)
+    out = draft_teacher_forced(m, seq, taps[0], torch.arange(1, 12))
+    valid = out.targets >= 0
+    loss = torch.nn.functional.cross_entropy(out.logits[valid], out.targets[valid])
+    loss.backward()
+    stage = m.mtp[0]
+    assert stage.main_proj.weight.grad is not None and stage.main_proj.weight.grad.abs().sum() > 0
+    assert m.mtp[-1].markov_head.head.weight.grad.abs().sum() > 0
+    assert out.targets[-1, 0] == -1   # the last anchor has no next token
