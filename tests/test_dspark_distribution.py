@@ -3,7 +3,8 @@ import pytest
 import torch
 from model_helpers import tiny_model
 
-from engine.dspark.speculative import generate_speculative
+from engine.dspark.schedule import ThroughputTable
+from engine.dspark.speculative import DSparkConfig, generate_speculative
 from engine.dspark.verify import Verdict
 
 V = 16                   # a tiny vocabulary: exact marginals by enumeration, many samples per bin
@@ -36,8 +37,8 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor((len(probs) - 1) / 2, dtype=torch.float64), stat / 2))
 
 
-def emitted(model, **kw):
-    res = generate_speculative(model, [PROMPT] * N, max_new_tokens=4, temperature=1.0, seed=1000, stop_tokens=(),
+def emitted(model, n=N, **kw):
+    res = generate_speculative(model, [PROMPT] * n, max_new_tokens=4, temperature=1.0, seed=1000, stop_tokens=(),
                                **kw)
     toks = torch.tensor(res.tokens)                                                           # [N, 4]
     return [torch.bincount(toks[:, k], minlength=V).double() for k in (1, 2)], res
@@ -49,11 +50,22 @@ def accept_everything(drafts, q, p, generator=None):
     return Verdict(accepted=n, token=int(torch.multinomial(p[n], 1, generator=generator)), bonus=True)
 
 
-def test_emitted_tokens_follow_the_target_distribution(model, exact):
-    counts, res = emitted(model)
+# Schedules decide from confidences, and c_k depends only on drafts before x_{k+1} (through the Markov embedding
+# of the previous token): whether x_{k+1} is verified never depends on its own value, so every schedule here
+# (the early-stopped Alg. 1 included) stays lossless; "threshold" and "auto" give rows different lengths.
+STEEP = ThroughputTable([1, 1000, 1500, 3000], [100.0, 90.0, 50.0, 20.0])
+
+
+@pytest.mark.parametrize("cfg", [DSparkConfig("all"), DSparkConfig("threshold", 0.04), DSparkConfig("auto", sps=STEEP)],
+                         ids=["all", "threshold", "auto"])
+def test_emitted_tokens_follow_the_target_distribution(model, exact, cfg):
+    counts, res = emitted(model, dspark=cfg)
     m = res.metrics
-    # both verification outcomes were exercised, including two-draft blocks
-    assert 0 < m.accepted < m.scheduled and m.bonus > 0 and m.calibration_n[1] > 100
+    # both verification outcomes were exercised, and rows of one forward verified different lengths
+    assert 0 < m.accepted < m.scheduled and m.bonus > 0 and m.calibration_n[0] > 100
+    lengths = {s.verify_len for s in res.steps if s.step == 1}
+    assert lengths == {2} if cfg.schedule == "all" else len(lengths) > 1   # "all": capped by the 4-token budget
+    assert cfg.schedule == "auto" or m.calibration_n[1] > 100             # two-draft blocks too
     for c, probs in zip(counts, exact):
         assert chi_square_p(c, probs) > ALPHA, (c / N, probs)
 
@@ -70,7 +82,7 @@ def resample_from_target(drafts, q, p, generator=None):
 
 @pytest.mark.parametrize("lossy", [accept_everything, resample_from_target])
 def test_the_distribution_check_detects_a_lossy_verifier(model, exact, lossy):
-    counts, _ = emitted(model, verifier=lossy)
+    counts, _ = emitted(model, verifier=lossy, n=N if lossy is resample_from_target else 300)
     assert min(chi_square_p(c, probs) for c, probs in zip(counts, exact)) < ALPHA
 
 
@@ -80,3 +92,9 @@ def test_chi_square_p_value_matches_known_quantiles():
     assert chi_square_p(torch.tensor([64.0] * 16), probs) == pytest.approx(1.0)
     stat = lambda p: float(torch.special.gammaincc(torch.tensor(7.5, dtype=torch.float64), torch.tensor(p / 2)))
     assert stat(37.697) == pytest.approx(1e-3, rel=1e-3) and stat(14.339) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_global_search_scheduler_is_refused_when_sampling(model):
+    with pytest.raises(ValueError, match="not lossless at temperature > 0"):
+        generate_speculative(model, [PROMPT], max_new_tokens=2, temperature=1.0,
+                             dspark=DSparkConfig("auto", sps=STEEP, early_stop=False))

@@ -48,8 +48,15 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
         raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    params = SamplingParams(float(temperature), top_k, float(top_p))
+    cfg = dspark or DSparkConfig()
+    if cfg.schedule == "auto" and not cfg.early_stop and not params.greedy:
+        # the global search may look at a draft's own survival (which depends on the draft's value) before
+        # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
+        raise ValueError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
+                         "use early_stop=True or greedy decoding")
     run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
-                       SamplingParams(float(temperature), top_k, float(top_p)), dspark or DSparkConfig(), seed,
+                       params, cfg, seed,
                        stop_tokens, on_token, trace, token_text, verifier)
     run.prefill()
     while run.active:
