@@ -79,7 +79,8 @@ def test_url_selects_panel_module_and_token():
 def test_a_node_the_model_lacks_gets_a_warning():
     at = generate(inspect_page(node="layers.30.ffn"))
     assert not at.exception, at.exception
-    assert any("layers.30.ffn" in w.value and "no recorded data" in w.value for w in at.warning)
+    assert any("layers.30.ffn" in w.value and "no recorded data" in w.value and "Experts panel" in w.value
+               for w in at.warning)
     assert at.selectbox(key="inspect_node").value == "(all modules)"
 
 

@@ -152,3 +152,23 @@ def test_diagram_box_opens_its_panel_and_back(server, browser):
     page.locator(".st-key-details_panel").get_by_text("layers.1.engram").first.wait_for(timeout=60_000)
     assert "node=layers.1.engram" in page.url and "config=tiny-v4.1" in page.url
     page.close()
+
+
+def test_stop_keeps_the_tokens_so_far(server, browser):
+    base, _ = server
+    page = _inspect(browser, base + "/inspect", 1000)
+    page.get_by_label("Prompt").fill("A long story")
+    page.get_by_label("max new tokens").fill("300")
+    page.get_by_label("max new tokens").press("Tab")
+    page.get_by_role("button", name="Generate").click()
+    page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^[3-9]/300 tokens")).wait_for(timeout=60_000)
+    page.locator(".st-key-inspect_stop button").first.click()
+    page.get_by_text(re.compile(r"status stopped")).wait_for(timeout=30_000)
+    _settled(page)
+    n = int(page.locator("[data-testid='stMetric']").filter(has_text="new tokens").locator(
+        "[data-testid='stMetricValue']").inner_text())
+    assert 3 <= n < 300 and len(_output(page)) > len("A long story")
+    _panel(page, "Experts")                    # the partial run's trace still fills the panels
+    assert "layers.9.ffn" in page.inner_text("[data-testid='stMain']")
+    page.screenshot(path=str(SHOTS / "inspect_stopped.png"), full_page=True)
+    page.close()

@@ -40,8 +40,10 @@ def selection(run: LiveRun) -> tuple[str, str | None, int]:
         if wanted in options:
             st.session_state[NODE] = wanted
         else:
-            st.warning(f"`{wanted}` has no recorded data in this run's model (it has {len(trace.paths('mhc'))} "
-                       "traced layers); showing every module.")
+            origin = f" (from the {jump[0]} diagram)" if jump else ""
+            st.warning(f"`{wanted}`{origin} has no recorded data in this run: the inspected model has "
+                       f"{len(trace.paths('mhc'))} traced layers. The {panel_for(wanted) or 'chosen'} panel shows "
+                       "every module instead.")
             st.session_state[NODE] = ALL
         st.session_state[PANEL] = panel_for(wanted) or st.session_state.get(PANEL, PANELS[0])
     if PANEL not in st.session_state:
