@@ -19,6 +19,8 @@ def test_all_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "engine.kernels.compile_check", "--arch", "90", "--dtypes", "bf16,f32"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    if run.returncode == 3:
+        pytest.skip(run.stderr.strip())
     assert run.returncode == 0, f"compile check failed:\n{run.stdout}\n{run.stderr}"
     compiled = [line.split()[0:2] for line in run.stdout.splitlines() if "cubin" in line]
     names = {"mhc_seam", "router", "moe_gate_up", "moe_down", "moe_combine", "engram_gather", "engram_gate_add"}

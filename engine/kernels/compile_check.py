@@ -73,6 +73,11 @@ def main(argv=None) -> int:
         print("compile_check needs the real compiler: unset TRITON_INTERPRET", file=sys.stderr)
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton 3.9's default, without its warning
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        print(f"triton is not usable here: {e}", file=sys.stderr)
+        return 3
     failures = compile_all(args.arch, args.dtypes.split(","))
     for f in failures:
         print("FAILED", f, file=sys.stderr)
