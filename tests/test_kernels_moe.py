@@ -51,6 +51,22 @@ def test_experts_match_sorted_reference(mode, case, dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_experts_with_fp8_activation_quant(mode):
+    """V4.1-Flash's FP4/FP8 experts quant-dequantize their inputs (x, then h) to FP8 blocks of 32 first."""
+    m = _moe(64, 64, 6, 2, dtype=torch.float32, seed=21)
+    for e in m.experts:
+        e.w1.act_quant = e.w2.act_quant = e.w3.act_quant = True
+    x = randn(5, 64, seed=22)
+    weights, ids = _routing(m, x)
+    w1, w2, w3 = m.stacked()
+    want = m._sorted(x, weights, ids)
+    got = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=10.0, act_quant=True)
+    assert_close(got, want, TOL[torch.float32] * 4, "experts with FP8 activation quant")
+    plain = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=10.0)
+    assert (plain - got).abs().max() > 1e-3, "the quant-dequant should change the result"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_full_width_expert(mode):
     """V4.1-Flash's model width (dim 5120) in fp16, two experts, one token. The full intermediate width
     (2304) natively only: the interpreter's tl.dot runs at ~40 MFLOP/s, so there it is 64."""
