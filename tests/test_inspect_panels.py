@@ -253,3 +253,19 @@ def _run_waiting(slot, seen):
     with slot.turn(on_wait=seen.append, poll_s=0.02) as engine:
         generate_into(engine, settings, run, lambda r, p: None)
     return run
+
+
+def test_a_checkpoint_directory_becomes_the_default_model(slot, tmp_path):
+    import torch
+    from engine.checkpoint import save_checkpoint
+    from engine.generate import Engine
+    other = Engine.load("tiny-v4.1", seed=7)                 # weights unlike the seed-0 random default
+    save_checkpoint(other.model, tmp_path / "default", args=other.args)   # model.safetensors + config.json
+    choices = es.model_choices(tmp_path)
+    assert es.default_model(choices) == "checkpoint:default"
+    trained = es.load_slot(choices["checkpoint:default"])
+    assert trained.choice.checkpoint == tmp_path / "default" and "checkpoint" in trained.engine.source
+    mine, theirs, random0 = (e.model.state_dict() for e in (trained.engine, other, slot.engine))
+    floats = [k for k, v in theirs.items() if v.is_floating_point() and v.numel()]
+    assert all(torch.equal(mine[k], theirs[k]) for k in floats)
+    assert not all(torch.equal(mine[k], random0[k]) for k in floats)
