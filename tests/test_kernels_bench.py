@@ -27,3 +27,11 @@ def test_gpu_bench_refuses_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="Triton kernels unavailable"):
         run_gpu_bench(load_config("configs/tiny-v4.1.json"), device="cpu")
+
+
+def test_bench_cli_gpu_flag_fails_early_with_the_reason(monkeypatch, capsys):
+    from engine.cli import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main(["bench", "--gpu", "--device", "cpu", "--prompt-len", "2", "--new-tokens", "2"]) == 2
+    assert "--gpu on cpu: Triton kernels on CPU tensors need the interpreter" in capsys.readouterr().err

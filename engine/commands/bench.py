@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+    if getattr(args, "gpu", False):
+        from ..kernels.runtime import unavailable_reason
+        reason = unavailable_reason(args.device)
+        if reason is not None:
+            raise ValueError(f"--gpu on {args.device}: {reason}")
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
     gpu = None
