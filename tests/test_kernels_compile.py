@@ -33,3 +33,19 @@ def test_compile_check_refuses_the_interpreter():
     run = subprocess.run([sys.executable, "-m", "engine.kernels.compile_check"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unset TRITON_INTERPRET" in run.stderr
+
+
+def test_natively_imported_kernels_refuse_cpu_tensors_clearly():
+    """Kernels imported without TRITON_INTERPRET cannot run on CPU tensors; the launcher says why."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import os, torch\n"
+            "from engine.kernels import mhc_seam, launch\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"            # too late: the kernel is already compiled-mode
+            "try:\n"
+            "    launch.mhc_seam(torch.ones(1, 1, 4, 8), carry=torch.ones(1, 1, 4))\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    if "triton" in run.stderr and "ImportError" in run.stderr:
+        pytest.skip("triton does not import")
+    assert "imported before TRITON_INTERPRET=1 was set" in run.stdout, run.stdout + run.stderr

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .runtime import KERNEL_DTYPES, KernelInputError, block, check, require
+from .runtime import KERNEL_DTYPES, KernelInputError, block, check, compiled_for, require
 
 F32 = (torch.float32,)
 # Interpreted programs run one after another in numpy: wide blocks mean fewer, cheaper loop turns there.
@@ -60,7 +60,7 @@ def mhc_seam(x: torch.Tensor, *, fn: torch.Tensor | None = None, scale: torch.Te
     dummy = x  # unused pointer slots (their branch is compiled out)
     n = B * S
     if n:
-        mhc_seam_kernel[(n,)](
+        compiled_for(mhc_seam_kernel, dev)[(n,)](
             x, f if expand else dummy, post_in if expand else dummy, comb_in if expand else dummy,
             x_out if expand else dummy, fn if mix else dummy, scale if mix else dummy, base if mix else dummy,
             pre if mix else dummy, post if mix else dummy, comb if mix else dummy,
@@ -100,7 +100,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, topk: in
     chosen = torch.empty(N, topk, dtype=torch.float32, device=dev)
     block_e = block(E, 1 << 20)
     if N:
-        router_kernel[(N,)](x, weight, bias, bias_vl if has_vision else bias, vision if has_vision else bias,
+        compiled_for(router_kernel, dev)[(N,)](x, weight, bias, bias_vl if has_vision else bias, vision if has_vision else bias,
                             weights, ids, chosen, dim, E, float(temp), float(route_scale),
                             K=topk, BLOCK_K=block(topk, 1 << 20), BLOCK_E=block_e,
                             BLOCK_DIM=block(dim, max(16, 8192 // block_e) if not _wide(dev) else 512),
@@ -169,7 +169,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     # fp32 weights: full-precision products like torch's default (TF32 off); 16-bit inputs ignore the setting
     precision = "ieee" if w1.dtype == torch.float32 else "tf32"
     bn, bk = block(inter, cap, 16), block(dim, cap, 16)
-    moe_gate_up_kernel[(t_exp.numel(), -(-inter // bn))](
+    compiled_for(moe_gate_up_kernel, dev)[(t_exp.numel(), -(-inter // bn))](
         xin, token, pair_w, w1, w3, h, t_exp, t_start, t_end, dim, inter, float(limit),
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, CLAMP=limit > 0, PRECISION=precision)
     h = (fp8_qdq(h) if act_quant else h).to(w2.dtype).contiguous()
@@ -200,7 +200,7 @@ def engram_gather(table: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
     n = row_ids.numel() // cols
     out = torch.empty(*row_ids.shape[:-1], cols * hd, dtype=table.dtype, device=dev)
     if n:
-        engram_gather_kernel[(n,)](table, row_ids, out, cols, hd, BLOCK_C=block(cols, 1 << 20),
+        compiled_for(engram_gather_kernel, dev)[(n,)](table, row_ids, out, cols, hd, BLOCK_C=block(cols, 1 << 20),
                                    BLOCK_H=block(hd, 1 << 20))
     return out
 
@@ -225,7 +225,7 @@ def engram_gate_add(h: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k
     out = torch.empty_like(h)
     gates = torch.empty(B, S, hc, dtype=torch.float32, device=dev)
     if B * S:
-        engram_gate_add_kernel[(B * S,)](h, kv, q_weight, k_weight, live if live is not None else h, out, gates,
+        compiled_for(engram_gate_add_kernel, dev)[(B * S,)](h, kv, q_weight, k_weight, live if live is not None else h, out, gates,
                                          D, float(eps), float(D) ** -0.5, HC=hc,
                                          BLOCK_D=block(D, 1024 if _wide(dev) else 128), HAS_LIVE=live is not None)
     return out, gates

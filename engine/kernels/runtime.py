@@ -37,6 +37,15 @@ def require(device: torch.device | str) -> None:
         raise RuntimeError(f"Triton kernels unavailable: {reason}")
 
 
+def compiled_for(kernel, device: torch.device):
+    """The kernel, after checking that it was built for where it runs: on CPU tensors only the interpreter works,
+    and triton.jit chose interpreter or compiler when the kernel module was first imported."""
+    if device.type == "cpu" and type(kernel).__name__ != "InterpretedFunction":
+        raise RuntimeError("Triton kernels were imported before TRITON_INTERPRET=1 was set, so they cannot run on "
+                           "CPU tensors in this process: set TRITON_INTERPRET=1 at start-up")
+    return kernel
+
+
 def check(t: torch.Tensor, name: str, *, shape: tuple | None = None, dtypes: tuple | None = None,
           device: torch.device | None = None) -> torch.Tensor:
     """Validate one launcher input and return it contiguous. `shape` entries of None match any size."""
