@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.trace import Trace
+from engine.trace import Trace, path_order
 from . import panels, panels_attention as pa, panels_dspark as pd_, panels_engram as pe, panels_experts as px_
 from . import panels_mhc as pm
 from .inspect_links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
@@ -25,7 +25,6 @@ def module_options(trace: Trace) -> list[str]:
         nodes |= {p, ".".join(p.split(".")[:2])}
     for p in trace.paths("mhc"):
         nodes |= {p, f"{p}.hc_attn", f"{p}.hc_ffn"}
-    from engine.trace import path_order
     return [ALL] + sorted(nodes, key=path_order)
 
 

@@ -36,7 +36,7 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None) -> go.Fi
     """Cell colour = the expert with the largest routing weight; the cell text lists every chosen expert."""
     paths = moe_paths(trace, only)
     positions, ids, weights, scores = choice_grid(trace, row, paths)
-    top = np.take_along_axis(ids, np.nanargmax(np.nan_to_num(weights, nan=-1.0), -1)[..., None], -1)[..., 0] \
+    top = np.take_along_axis(ids, np.argmax(np.nan_to_num(weights, nan=-1.0), -1)[..., None], -1)[..., 0] \
         if ids.size else np.zeros((len(paths), len(positions)), np.int64)  # [P, T]
     text = [[",".join(str(e) for e in ids[i, j] if e >= 0) for j in range(len(positions))] for i in range(len(paths))]
     hover = [[("<br>".join(f"expert {e}: weight {w:.3f}, score {s:.3f}" for e, w, s in
