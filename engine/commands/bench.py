@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         from ..bench_gpu import run_gpu_bench
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
         gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
-                            batch=args.batch, repeats=max(args.repeats, 1), seed=args.seed)
+                            batch=args.batch, repeats=20, seed=args.seed)
     spec = None
     if getattr(args, "dspark", False):
         from ..dspark.bench import run_dspark_bench
