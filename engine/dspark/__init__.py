@@ -1,1 +1,1 @@
-"""DSpark speculative decoding: drafter scheduling and lossless verification (spec §7–§8)."""
+"""DSpark speculative decoding (spec §7–§8): drafter rings, drafting, scheduling, lossless verification, metrics."""
