@@ -42,6 +42,9 @@ class Transformer(nn.Module):
         if token_map is not None:
             self.set_token_map(token_map)
         self._set_act_quant()
+        if self.options.kernels != "torch":  # a speed transform over the same parameters (engine/kernels)
+            from ..kernels.apply import apply_kernels
+            apply_kernels(self)
 
     # ---- setup ------------------------------------------------------------------------------------
     @property
