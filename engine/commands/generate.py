@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-max-tokens", type=int, default=2048, help="token budget of the trace")
     parser.add_argument("--trace-attention", action="store_true", help="also record attention facts")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: small decode steps are many tiny ops, and extra "
+                             "threads slow them down, badly so on a busy machine)")
     parser.add_argument("--dspark", action="store_true", help="decode speculatively with the DSpark drafter")
     parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
                         help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
@@ -39,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.random_init and not args.config:
         raise ValueError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.trace:
