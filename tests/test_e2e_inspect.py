@@ -12,6 +12,7 @@ PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
 
 def _inspect(browser, url: str, height: int = 1800):
     page = browser.new_page(viewport={"width": 1500, "height": height})
+    page.set_default_timeout(60_000)   # the CI machine has 2 cores shared with other suites
     page.goto(url)
     page.get_by_role("button", name="Generate").wait_for(timeout=120_000)   # the engine has loaded
     return page
@@ -30,7 +31,7 @@ def _generate(page, prompt: str, max_new: int = 12, dspark: bool = False) -> flo
     page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^\d+/\d+ tokens")).wait_for(timeout=60_000)
     first = time.perf_counter() - t0
     page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
-    page.wait_for_timeout(500)
+    _settled(page)
     return first
 
 
@@ -44,7 +45,7 @@ def _panel(page, name: str):
 def _settled(page) -> None:
     """Wait until the script run has finished and no element is still a loading skeleton."""
     page.wait_for_function("() => !document.querySelector('[data-testid=stSkeleton]') && "
-                           "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=30_000)
+                           "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=60_000)
     page.wait_for_timeout(300)
 
 
@@ -85,8 +86,15 @@ def test_export_then_replay_the_trace(server, browser, tmp_path):
     _generate(page, "The sea was calm", max_new=8)
     live_text = _output(page)
     for fmt, label in (("parquet", "Parquet tables (zip)"), ("safetensors", "safetensors")):
-        page.locator(".st-key-export_format").click()
-        page.get_by_role("option", name=label).click()
+        option = page.get_by_role("option", name=label)
+        for _ in range(3):  # a click that lands during a rerun can be swallowed: open the list again
+            page.locator(".st-key-export_format").click()
+            try:
+                option.wait_for(timeout=10_000)
+                break
+            except Exception:
+                _settled(page)
+        option.click()
         wanted = {"parquet": "trace.parquet.zip", "safetensors": "trace.safetensors"}[fmt]
         button = page.get_by_role("button", name=re.compile("^Download " + re.escape(wanted)))
         button.wait_for(timeout=30_000)                    # the button of the chosen format has rendered
