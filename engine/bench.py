@@ -49,12 +49,10 @@ def machine_description(device: str) -> str:
     return f"{platform.machine()} CPU, {os.cpu_count()} cores"
 
 
-def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3,
-              seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32, options=None,
-              budget: TraceBudget | None = None) -> BenchResult:
-    """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
-    twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
-    ratio of traced to untraced time over the back-to-back pairs."""
+
+def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int,
+                device: str, dtype: torch.dtype, options=None):
+    """Check the bench sizes, then build a seeded random-init model in eval mode."""
     from .model import Transformer, init_weights
     if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
         raise ValueError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
@@ -66,7 +64,16 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     init_weights(model, seed)
-    model.eval()
+    return model.eval()
+
+def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3,
+              seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32, options=None,
+              budget: TraceBudget | None = None) -> BenchResult:
+    """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
+    twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
+    ratio of traced to untraced time over the back-to-back pairs."""
+    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+                        seed=seed, device=device, dtype=dtype, options=options)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
     prefill = {False: [], True: []}

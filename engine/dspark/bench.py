@@ -44,23 +44,14 @@ def run_dspark_bench(args: ModelArgs, *, schedule: str = "all", batch: int = 1, 
                      dtype: torch.dtype = torch.float32, options=None) -> DSparkBenchResult:
     """Random-init model and prompts; plain and speculative greedy generation alternate, repeats times."""
     from ..generate import generate
-    from ..model import Transformer, init_weights
+    from ..bench import bench_model
     from .profile import load_or_profile
     from .speculative import DSparkConfig, generate_speculative
 
     if not args.has_dspark:
         raise ValueError(f"bench --dspark: config '{args.name}' has no DSpark drafter")
-    if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
-        raise ValueError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
-    if prompt_len + new_tokens > args.max_seq_len:
-        raise ValueError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
-                         f"max_seq_len of {args.max_seq_len}")
-    token_map = None
-    if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
-        token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
-    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
-    init_weights(model, seed)
-    model.eval()
+    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+                        seed=seed, device=device, dtype=dtype, options=options)
     cfg = DSparkConfig(schedule, sps=load_or_profile(model) if schedule == "auto" else None)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
