@@ -70,6 +70,20 @@ def config_beside(path: str | Path) -> Path:
     return found
 
 
+def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
+    """The IdMap of a reduced-vocabulary checkpoint (id_map.json beside the weights), or None for a
+    full-vocabulary one. CheckpointError if its size differs from the config's vocab_size."""
+    from .training.vocab import ID_MAP_NAME, IdMap
+    file = checkpoint_files(path)[0].parent / ID_MAP_NAME
+    if not file.is_file():
+        return None
+    id_map = IdMap.load(file, tokenizer)
+    if id_map.vocab_size != vocab_size:
+        raise CheckpointError(f"{file} lists {id_map.vocab_size} token ids but the checkpoint's config has "
+                              f"vocab_size {vocab_size}; the id map belongs to another model")
+    return id_map
+
+
 def checkpoint_files(path: str | Path) -> list[Path]:
     """The safetensors file(s) a path names: a file, a directory with model.safetensors, or a sharded
     directory / model.safetensors.index.json."""

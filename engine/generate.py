@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from .sampling import SamplingParams, draw, make_generators, probabilities
+from .tokenizer import Tokenizer
 from .trace import Trace
 
 EOS_ID = 1
@@ -188,8 +189,11 @@ class Engine:
         tokenizer = load_tokenizer()
         args = config if isinstance(config, ModelArgs) or config is None else resolve_config(str(config))
         if checkpoint is not None:
-            from .checkpoint import config_beside
+            from .checkpoint import config_beside, id_map_beside
             args = args or load_config(config_beside(checkpoint))
+            id_map = id_map_beside(checkpoint, tokenizer, args.vocab_size)
+            if id_map is not None:  # a reduced vocabulary: model ids are not tokenizer ids
+                tokenizer = ByteFallbackTokenizer(id_map)
             args, model = load_checkpoint(checkpoint, device, dtype=dtype, token_map=_token_map(args, tokenizer),
                                           options=options, config=args)
             source = f"checkpoint {checkpoint}"
@@ -250,5 +254,24 @@ def _token_map(args, tokenizer):
     if not args.has_engram:
         return None
     from .engram_map import lookup
+    if isinstance(tokenizer, ByteFallbackTokenizer):
+        # the real tokenizer's compression, restricted to the model's ids (checked on the full map)
+        base = tokenizer.reduced_vocab.tokenizer
+        full = lookup(args.replace(vocab_size=base.full_vocab_size), base)
+        return tokenizer.reduced_vocab.engram_token_map(full)
     return lookup(args, tokenizer)
+
+
+class ByteFallbackTokenizer(Tokenizer):
+    """The tokenizer of a reduced-vocabulary checkpoint: ids are model ids (IdMap order), and encode spells
+    tokens the model lacks with byte tokens instead of refusing them, so any text can be prompted."""
+
+    def __init__(self, id_map):
+        super().__init__(id_map.tokenizer.path, id_map=id_map.ids.tolist())
+        self.reduced_vocab = id_map
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"encode() takes a str, got {type(text).__name__}")
+        return self.reduced_vocab.encode(text)
 
