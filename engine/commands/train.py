@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"router bias step of the auxiliary-loss-free balancing (default {d.bias_gamma})")
     parser.add_argument("--seq-aux", type=float, default=d.seq_aux_alpha,
                         help=f"weight of the sequence-wise balance loss, 0 = off (default {d.seq_aux_alpha})")
+    parser.add_argument("--indexer-loss", type=float, default=d.indexer_loss,
+                        help=f"weight of the lightning indexer's KL loss, 0 = off (default {d.indexer_loss})")
     parser.add_argument("--eval-every", type=int, default=d.eval_every, help=f"held-out evaluation period (default {d.eval_every})")
     parser.add_argument("--eval-windows", type=int, default=d.eval_windows, help=f"held-out windows (default {d.eval_windows})")
     parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     engram_map = id_map.engram_token_map(load_token_map()) if model_args.has_engram else None
     cfg = TrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                       warmup=args.warmup, bias_gamma=args.bias_gamma, seq_aux_alpha=args.seq_aux,
+                      indexer_loss=args.indexer_loss,
                       eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every,
                       seed=args.seed)
     trainer = Trainer(model_args, cfg, load_tokens(data_dir), args.out, engram_map=engram_map,

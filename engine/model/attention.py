@@ -71,6 +71,10 @@ class Attention(nn.Module):
             compressed, topk = self._compressed(x, qr, cis, ctx)
             parts.append(compressed)
             index.append(torch.where(topk >= 0, topk + slots + S, -1))
+            if ctx.indexer_loss is not None and self.role.indexer in ("own", "reindex"):  # training only
+                visible = ctx.visible(cache.ratio[self.role.kv_source])
+                ctx.indexer_loss.add(self.layer, q, compressed, self.scale,
+                                     self.indexer.dense_scores(x, qr, cis, ctx), visible)
         kv_all, idx = torch.cat(parts, 1), torch.cat(index, -1)
         trace = ctx.trace
         want = trace is not None and trace.wants_attention(f"{self.role.path}.attn")
@@ -101,7 +105,8 @@ class Attention(nn.Module):
                 scratch = cache.comp_kv[src].size(1) - 1
                 dest = torch.where(valid, group, scratch)
                 # the indexer keys come from the pre-RoPE latent, before the KV is rotated and quantized
-                keys = self.indexer.keys(latent, gcis, ctx.options.quant_sim)
+                # (detached: the index keys get gradient only from the indexer loss, not into the compressor)
+                keys = self.indexer.keys(latent.detach(), gcis, ctx.options.quant_sim)
                 cache.index_k[src][rows.unsqueeze(1), dest] = keys.to(cache.index_k[src].dtype)
                 ckv = apply_rope(latent, gcis)
                 if ctx.options.quant_sim:

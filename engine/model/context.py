@@ -24,6 +24,7 @@ class ForwardContext:
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
+    indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
 
     def cached(self, key, make):
         if key not in self.memo:

@@ -58,26 +58,17 @@ class Indexer(nn.Module):
     def forward(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """→ index list [B, S, k] of compressed rows (ascending; −1 = empty) for this call's queries."""
         role, B, S = self.role, x.size(0), x.size(1)
-        ratio = ctx.cache.ratio[role.index_key_source]
-        width = ctx.width(ratio)
+        width = ctx.width(ctx.cache.ratio[role.index_key_source])
         if width == 0:
             return torch.empty(B, S, 0, dtype=torch.long, device=x.device)
-        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
-        q = apply_rope(q, cis)
-        if ctx.options.quant_sim:
-            q = fp4_qdq(q, 32, "ue8m0")
-        w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
-        keys = upcast(ctx.cache.index_k[role.index_key_source][ctx.rows_dev, :width])   # [B, W, d]
-        visible = ctx.visible(ratio)                                                   # [B, S]
+        q, w, keys, visible = self._inputs(x, qr, cis, ctx, width)
         k = min(self.topk, width)
         masks, picks = [], []
         step = ctx.options.attn_query_block   # bounds the [B, block, h, W] score tensor in long prefills
         for s0 in range(0, S, step):
             sl = slice(s0, s0 + step)
-            scores = torch.einsum("bshd,btd->bsht", upcast(q[:, sl]), keys).relu()
-            scores = (scores * upcast(w[:, sl]).unsqueeze(-1)).sum(2)                # [B, s, W]
             vis = visible[:, sl]
-            scores = scores.masked_fill(torch.arange(width, device=x.device) >= vis.unsqueeze(-1), float("-inf"))
+            scores = self._scores(q[:, sl], w[:, sl], keys, vis)                         # [B, s, W]
             if role.candidate_source:
                 masks.append(select_candidate_blocks(scores, vis, self.top_blocks, self.block))
             elif role.uses_candidates:
@@ -90,3 +81,29 @@ class Indexer(nn.Module):
         if role.candidate_source:
             ctx.candidates = torch.cat(masks, 1)
         return torch.cat(picks, 1)
+
+    def dense_scores(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """All index scores [B, S, W] (invisible rows −inf, no candidate filter), differentiable in the
+        indexer's own weights only: the inputs are detached (training's IndexerLoss)."""
+        width = ctx.width(ctx.cache.ratio[self.role.index_key_source])
+        q, w, keys, visible = self._inputs(x.detach(), qr.detach(), cis, ctx, width)
+        return self._scores(q, w, keys, visible)
+
+    def _inputs(self, x, qr, cis, ctx: ForwardContext, width: int):
+        """(q [B, S, h, d], head weights [B, S, h], keys [B, W, d], visible [B, S])."""
+        src = self.role.index_key_source
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
+        q = apply_rope(q, cis)
+        if ctx.options.quant_sim:
+            q = fp4_qdq(q, 32, "ue8m0")
+        w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
+        keys = upcast(ctx.cache.index_k[src][ctx.rows_dev, :width])                  # [B, W, d]
+        return q, w, keys, ctx.visible(ctx.cache.ratio[src])
+
+    @staticmethod
+    def _scores(q, w, keys, visible) -> torch.Tensor:
+        """Σ_h w_h · relu(q_h · k) per (query, row) → [B, s, W]; rows beyond `visible` are −inf."""
+        scores = torch.einsum("bshd,btd->bsht", upcast(q), keys).relu()
+        scores = (scores * upcast(w).unsqueeze(-1)).sum(2)                           # [B, s, W]
+        width = keys.size(1)
+        return scores.masked_fill(torch.arange(width, device=keys.device) >= visible.unsqueeze(-1), float("-inf"))

@@ -87,13 +87,15 @@ class Transformer(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows=None, trace=None,
-                logits: str = "last", image_mask: torch.Tensor | None = None, return_taps: bool = False):
+                logits: str = "last", image_mask: torch.Tensor | None = None, return_taps: bool = False,
+                indexer_loss=None):
         """tokens [B, S] → logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a float64 model).
 
         Row b occupies positions cache.pos[rows[b]] .. + S − 1 and the cache advances by S. cache=None runs
         a stateless forward from position 0. With return_taps, also returns main_hidden [B, S, n_taps·dim]
         (mean over streams of the residual entering each DSpark target layer). With bounded_replay and
-        S > window, "all" logits and taps cover only the last window positions.
+        S > window, "all" logits and taps cover only the last window positions. indexer_loss: an
+        IndexerLoss that collects the indexer's auxiliary loss (training; the outputs do not change).
         """
         a = self.args
         tokens = self._check_tokens(tokens)
@@ -115,7 +117,7 @@ class Transformer(nn.Module):
         dev = self.device
         ctx = ForwardContext(cache=cache, rows=row_ids, start=start, n_tokens=S, positions=positions.to(dev),
                              options=self.options, image_mask=None if image_mask is None else image_mask.to(dev),
-                             trace=trace)
+                             trace=trace, indexer_loss=indexer_loss)
         engram = self._engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
         h = self.embed(tokens.to(dev))                                         # [B, S, dim]
         h = h.unsqueeze(2).repeat(1, 1, a.hc_mult, 1)                          # [B, S, hc, dim]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 COLUMNS = ("step", "tokens", "train_loss", "heldout_loss", "lr", "tokens_per_s", "step_s", "elapsed_s",
-           "max_violation", "seq_balance_loss")
+           "max_violation", "seq_balance_loss", "indexer_kl")
 
 
 class CsvLog:

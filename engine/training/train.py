@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelArgs
+from ..model.indexer_loss import IndexerLoss
 from ..model.init import init_weights
 from ..model.options import EngineOptions
 from ..model.transformer import Transformer
@@ -40,6 +41,11 @@ class TrainConfig:
     # it to 0.3-0.56 by step 70-100 at about the same held-out loss.
     bias_gamma: float = 1e-2
     seq_aux_alpha: float = 1e-4       # weight of the sequence-wise balance loss (0 = off)
+    # Weight of the lightning indexer's KL loss (0 = off; the indexer then never learns: its top-k gives
+    # the LM loss no gradient). Its inputs are detached, so only indexer weights feel it and Adam makes
+    # their step size nearly independent of the weight; the weight mainly sets its share of the global
+    # gradient-clip norm, kept small so it does not shrink the LM's clipped step.
+    indexer_loss: float = 0.1
     eval_every: int = 200
     eval_windows: int = 32
     save_every: int = 200
@@ -49,6 +55,8 @@ class TrainConfig:
         for key in ("steps", "batch", "seq", "eval_every", "eval_windows", "save_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"TrainConfig.{key} must be at least 1, got {getattr(self, key)}")
+        if self.indexer_loss < 0:
+            raise ValueError(f"TrainConfig.indexer_loss must be >= 0, got {self.indexer_loss}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need 0 <= min_lr ({self.min_lr}) <= lr ({self.lr})")
 
@@ -138,9 +146,13 @@ class Trainer:
         batch = train_windows(self.train_tokens, self.step, cfg)
         self.tap.reset()
         self.model.train()
-        logits = self.model(batch[:, :-1], logits="all")                         # [B, S, V] fp32
+        collector = IndexerLoss() if cfg.indexer_loss > 0 else None
+        logits = self.model(batch[:, :-1], logits="all", indexer_loss=collector)  # [B, S, V] fp32
         lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-        loss, aux = lm_loss, float("nan")
+        loss, aux, index_kl = lm_loss, float("nan"), float("nan")
+        if collector is not None:
+            kl = collector.value()
+            loss, index_kl = loss + cfg.indexer_loss * kl, float(kl.detach())
         if cfg.seq_aux_alpha > 0:
             aux_t = sequence_balance_loss(self.tap, cfg.batch)
             loss, aux = loss + cfg.seq_aux_alpha * aux_t, float(aux_t.detach())
@@ -157,7 +169,8 @@ class Trainer:
         self.elapsed += dt
         vio = float(np.mean([max_violation(l) for l in loads.values()]))
         return {"step": self.step, "tokens": self.tokens, "train_loss": float(lm_loss.detach()), "lr": lr, "step_s": dt,
-                "tokens_per_s": n / dt, "elapsed_s": self.elapsed, "max_violation": vio, "seq_balance_loss": aux}
+                "tokens_per_s": n / dt, "elapsed_s": self.elapsed, "max_violation": vio, "seq_balance_loss": aux,
+                "indexer_kl": index_kl}
 
     @torch.no_grad()
     def evaluate(self) -> float:
