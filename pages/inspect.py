@@ -5,7 +5,7 @@ from v41viz import engine_session, inspect_ui as ui, inspect_views as views
 from v41viz.inspect_nav import diagram_config
 from v41viz.sidebar import page_setup
 
-page_setup("Inspect")
+page_setup("Inspect", config_picker=False)
 choice = ui.model_sidebar()
 st.title("Inspect a generation")
 slot = engine_session.engine_slot(choice)

@@ -112,3 +112,10 @@ def test_diagram_box_opens_its_panel_and_the_panel_links_back():
     assert not at.exception, at.exception
     assert at.title[0].value == "tiny-v4.1"   # the architecture page of the inspected model's config
     assert at.selectbox(key="arch_node").value == "layers.4.hc_ffn"
+
+
+def test_inspect_sidebar_shows_the_model_to_run_not_the_diagram_config():
+    at = inspect_page()
+    assert not at.exception
+    keys = {w.key for w in at.sidebar.selectbox}
+    assert "inspect_model" in keys and "config_widget" not in keys

@@ -41,10 +41,14 @@ def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
     return build_view(_args)
 
 
-def page_setup(title: str) -> None:
-    """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar."""
+def page_setup(title: str, config_picker: bool = True) -> None:
+    """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar.
+
+    A page that runs a model of its own (Inspect) hides the diagram's config picker, so the sidebar shows only
+    what that page uses; the chosen config stays in the session for the other pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
-    config_sidebar()
+    if config_picker:
+        config_sidebar()
     if notice := st.session_state.pop("config_notice", None):
         st.warning(notice)
 
