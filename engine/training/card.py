@@ -1,0 +1,300 @@
+"""Model card: measure a checkpoint on its prepared corpus and write MODEL_CARD.md, card.json and loss_curve.png."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .corpus import MANIFEST_NAME, TOKENS_NAME, load_tokens, sha256_file
+from .log import read_log
+
+PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")
+
+
+@dataclass(frozen=True)
+class CardOptions:
+    seq: int = 256                # tokens per held-out window (the model sees seq, predicts seq)
+    windows: int = 32             # non-overlapping held-out windows, spread evenly over the stream
+    batch: int = 8                # windows per forward
+    new_tokens: int = 48          # per prompt, for samples and the DSpark / plain timing
+    sample_temperature: float = 0.8
+    seed: int = 0
+    top_ngrams: int = 12
+
+
+def check_inputs(ckpt: Path, data: Path) -> None:
+    """FileNotFoundError naming every input the card needs that is missing."""
+    needed = [ckpt / "config.json", ckpt / "model.safetensors", ckpt / "log.csv",
+              data / MANIFEST_NAME, data / TOKENS_NAME]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        raise FileNotFoundError("model card: missing input(s): " + ", ".join(missing))
+
+
+def heldout_windows(tokens: np.ndarray, seq: int, count: int) -> np.ndarray:
+    """[n, seq + 1] non-overlapping windows spread evenly over the held-out stream."""
+    n_all = (tokens.size - 1) // (seq + 1)
+    if n_all < 1:
+        raise ValueError(f"the held-out stream has {tokens.size} tokens; a window of {seq} needs at least {seq + 2}")
+    picks = np.linspace(0, n_all - 1, min(count, n_all)).round().astype(np.int64)
+    return np.stack([tokens[i * (seq + 1):(i + 1) * (seq + 1)] for i in picks]).astype(np.int64)
+
+
+def unigram_loss(train: np.ndarray, targets: np.ndarray, vocab_size: int) -> float:
+    """Mean NLL (nats) of `targets` under the training split's unigram frequencies with add-one smoothing."""
+    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+    logp = np.log(counts) - np.log(counts.sum())
+    return float(-logp[targets].mean())
+
+
+@torch.no_grad()
+def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
+    """Cross-entropy, per-layer expert loads and Engram gates over the held-out windows (one Trace per batch)."""
+    from ..trace import Trace, TraceBudget
+    total, count = 0.0, 0
+    loads: dict[str, np.ndarray] = {}
+    gates: dict[str, list[np.ndarray]] = {}      # path -> [positions, hc] per batch
+    gate_at: list[tuple[float, str, int, int]] = []  # (mean gate, path, window, pos)
+    n_experts = model.args.n_routed_experts
+    for start in range(0, len(windows), batch):
+        chunk = torch.from_numpy(windows[start:start + batch])           # [b, seq + 1]
+        trace = Trace(TraceBudget(max_tokens=None, top_k_logits=0))
+        logits = model(chunk[:, :-1], trace=trace, logits="all")         # [b, seq, V]
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum"))
+        count += chunk[:, 1:].numel()
+        for path in trace.paths("moe"):
+            if path.startswith("layers."):                               # backbone routers only
+                load = trace.expert_load(path, n_experts)
+                loads[path] = loads.get(path, 0) + load
+        for path, _, row, pos, values in trace.facts("engram"):
+            g = np.asarray(values[2], dtype=np.float64).reshape(-1)      # [hc] one gate per stream
+            gates.setdefault(path, []).append(g)
+            gate_at.append((float(g.mean()), path, start + row, pos))
+    return {"loss": total / count, "tokens": count, "loads": loads,
+            "gates": {p: np.stack(v) for p, v in gates.items()}, "gate_at": gate_at}
+
+
+def balance_table(loads: dict[str, np.ndarray]) -> list[dict]:
+    """Per router: max violation = max load / mean load − 1 over the held-out tokens."""
+    rows = []
+    for path, load in loads.items():
+        load = np.asarray(load, dtype=np.float64)
+        mean = load.mean()
+        rows.append({"layer": path, "tokens_routed": int(load.sum()), "max_load": int(load.max()),
+                     "min_load": int(load.min()), "max_violation": float(load.max() / mean - 1) if mean else 0.0})
+    return rows
+
+
+def gate_stats(gates: dict[str, np.ndarray], gate_at, windows: np.ndarray, decode, order: int, top: int) -> dict:
+    """Mean and percentiles of each Engram layer's per-stream gates, and the n-grams whose gates are highest."""
+    layers = []
+    for path, g in gates.items():                                        # g [positions, hc]
+        q = np.percentile(g, [5, 25, 50, 75, 95])
+        layers.append({"layer": path, "positions": int(g.shape[0]), "mean": float(g.mean()),
+                       "per_stream_mean": [float(x) for x in g.mean(0)],
+                       **{f"p{p}": float(v) for p, v in zip((5, 25, 50, 75, 95), q)}})
+    best, seen = [], set()
+    for mean, path, w, pos in sorted(gate_at, key=lambda r: -r[0]):
+        # the n-gram Engram looked up at `pos`: the token there and the order − 1 before it
+        ids = windows[w, max(0, pos - order + 1):pos + 1].tolist()
+        text = decode(ids)
+        if (path, text) in seen:
+            continue
+        seen.add((path, text))
+        best.append({"layer": path, "ngram": text, "gate": mean})
+        if len(best) == top:
+            break
+    return {"layers": layers, "top_ngrams": best}
+
+
+def log_summary(rows: list[dict[str, str]]) -> dict:
+    if not rows:
+        raise ValueError("log.csv has no rows: nothing was trained")
+
+    def col(name):
+        return [(int(r["step"]), float(r[name])) for r in rows if r.get(name) not in (None, "")]
+    train, held, vio, rate = col("train_loss"), col("heldout_loss"), col("max_violation"), col("tokens_per_s")
+    last = rows[-1]
+    tail = [v for _, v in train[-10:]]
+    return {"steps": int(last["step"]), "tokens": int(float(last["tokens"])),
+            "elapsed_s": float(last["elapsed_s"]) if last.get("elapsed_s") else None,
+            "final_train_loss_mean_last10": float(np.mean(tail)) if tail else None,
+            "last_logged_heldout_loss": held[-1][1] if held else None,
+            "final_max_violation": vio[-1][1] if vio else None,
+            "median_tokens_per_s": float(np.median([v for _, v in rate])) if rate else None,
+            "curve": {"train": train, "heldout": held}}
+
+
+def plot_loss(curve: dict, unigram: float, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if curve["train"]:
+        ax.plot(*zip(*curve["train"]), lw=1, label="train loss")
+    if curve["heldout"]:
+        ax.plot(*zip(*curve["heldout"]), "o-", ms=3, label="held-out loss")
+    ax.axhline(unigram, color="grey", ls="--", lw=1, label=f"unigram baseline ({unigram:.2f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def measure_decoding(engine, opts: CardOptions) -> dict:
+    """Samples from fixed prompts, and plain vs DSpark decode (same prompts) at T=0 and T=1."""
+    from ..dspark.speculative import DSparkConfig, generate_speculative
+    from ..generate import generate
+    samples = engine.generate_text(list(PROMPTS), max_new_tokens=opts.new_tokens, seed=opts.seed,
+                                   temperature=opts.sample_temperature)
+    out = {"samples": [{"prompt": p, "text": t} for p, t in zip(PROMPTS, samples.texts)],
+           "sample_settings": {"temperature": opts.sample_temperature, "seed": opts.seed,
+                               "max_new_tokens": opts.new_tokens}}
+    if not engine.args.has_dspark:
+        out["dspark"] = None
+        return out
+    ids = [engine.encode(p) for p in PROMPTS]
+    kw = dict(max_new_tokens=opts.new_tokens, seed=opts.seed, stop_tokens=())
+    generate(engine.model, ids, **{**kw, "max_new_tokens": 2})         # warm-up
+    runs = {}
+    for t in (0.0, 1.0):
+        plain = generate(engine.model, ids, temperature=t, **kw)
+        spec = generate_speculative(engine.model, ids, temperature=t, dspark=DSparkConfig(), **kw)
+        m = spec.metrics
+        runs[f"T={t:g}"] = {"mean_accepted_length": m.mean_accepted_length, "acceptance_rate": m.acceptance_rate,
+                            "plain_tokens_per_s": plain.decode_tokens_per_s,
+                            "dspark_tokens_per_s": spec.decode_tokens_per_s,
+                            "speedup": spec.decode_tokens_per_s / plain.decode_tokens_per_s,
+                            "outputs_identical": plain.tokens == spec.tokens}
+    out["dspark"] = {"prompts": list(PROMPTS), "batch": len(ids), "threads": torch.get_num_threads(), **runs}
+    return out
+
+
+def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
+    """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
+    from ..accounting import account
+    from ..checkpoint import checkpoint_files
+    from ..generate import Engine
+    ckpt, data = Path(ckpt), Path(data)
+    check_inputs(ckpt, data)
+    manifest = json.loads((data / MANIFEST_NAME).read_text(encoding="utf-8"))
+    recorded = manifest.get("outputs", {}).get(TOKENS_NAME)
+    actual = sha256_file(data / TOKENS_NAME)
+    if recorded != actual:
+        raise ValueError(f"{data / TOKENS_NAME}: sha256 {actual} differs from the manifest's {recorded}; "
+                         "re-run prepare_data")
+    engine = Engine.load(checkpoint=ckpt)
+    args, model = engine.args, engine.model
+    tokens = load_tokens(data)
+    for part in ("train", "heldout"):
+        if tokens[part].size and int(tokens[part].max()) >= args.vocab_size:
+            raise ValueError(f"{data}: {part} tokens reach id {int(tokens[part].max())}, outside the checkpoint's "
+                             f"vocab_size {args.vocab_size}: the data and the checkpoint use different id maps")
+    log("measuring held-out loss, expert load and Engram gates ...")
+    windows = heldout_windows(tokens["heldout"], opts.seq, opts.windows)   # [n, seq + 1]
+    held = measure_heldout(model, windows, opts.batch)
+    base = unigram_loss(tokens["train"], windows[:, 1:].reshape(-1), args.vocab_size)
+    decode = engine.tokenizer.decode
+    engram = gate_stats(held["gates"], held["gate_at"], windows, decode, args.engram_max_ngram_size,
+                        opts.top_ngrams) if args.has_engram else None
+    balance = balance_table(held["loads"])
+    training = log_summary(read_log(ckpt / "log.csv"))
+    log("measuring samples and DSpark decoding ...")
+    decoding = measure_decoding(engine, opts)
+    acc = account(args)
+    card = {
+        "format": "v41viz-model-card/1", "checkpoint": str(ckpt), "data": str(data),
+        "sources": manifest.get("sources", []),
+        "corpus": {"works": {s: sorted(n for n, w in manifest.get("works", {}).items() if w.get("split") == s)
+                             for s in ("train", "heldout")},
+                   "tokens": manifest.get("tokens"), "tokens_sha256": actual,
+                   "vocab_size": args.vocab_size, "cleaning": manifest.get("cleaning")},
+        "model": {"name": args.name, "total_params": acc.total_params, "backbone_params": acc.backbone_params,
+                  "params_by_kind": dict(acc.params_by_kind),
+                  "bytes_on_disk": sum(f.stat().st_size for f in checkpoint_files(ckpt))},
+        "training": {k: v for k, v in training.items() if k != "curve"},
+        "heldout": {"windows": len(windows), "seq": opts.seq, "tokens": held["tokens"], "loss": held["loss"],
+                    "perplexity": math.exp(held["loss"]), "unigram_loss": base, "unigram_perplexity": math.exp(base)},
+        "expert_balance": {"layers": balance,
+                           "max_violation": max((r["max_violation"] for r in balance), default=None)},
+        "engram": engram, **decoding,
+    }
+    plot_loss(training["curve"], base, ckpt / "loss_curve.png")
+    (ckpt / "card.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    (ckpt / "MODEL_CARD.md").write_text(render(card), encoding="utf-8")
+    return card
+
+
+def _f(x, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def render(card: dict) -> str:
+    """MODEL_CARD.md from card.json (every number comes from the measurement)."""
+    m, t, h, b = card["model"], card["training"], card["heldout"], card["expert_balance"]
+    out = [f"# Model card: {m['name'] or 'checkpoint'}", "",
+           "Generated by `python -m engine card`; every number below was measured by that script.", "",
+           "## Data", ""]
+    for s in card["sources"]:
+        out += [f"- {s.get('package')} from {s.get('registry')}: `{s.get('file')}`, sha256 `{s.get('sha256')}`",
+                f"  - licence: {s.get('licence')}"]
+    c = card["corpus"]
+    out += [f"- held-out works: {', '.join(c['works']['heldout']) or 'none listed'}; "
+            f"{len(c['works']['train'])} works for training",
+            f"- tokens: {c['tokens']} (tokens.safetensors sha256 `{c['tokens_sha256']}`), vocabulary {c['vocab_size']} ids",
+            "", "## Size", "",
+            f"- parameters: {m['total_params']:,} total, {m['backbone_params']:,} backbone",
+            f"- weights on disk: {m['bytes_on_disk']:,} bytes", "",
+            "## Training", "", "![loss curve](loss_curve.png)", "",
+            f"- {t['steps']:,} steps, {t['tokens']:,} tokens, {_f(t['elapsed_s'], 0)} s, "
+            f"median {_f(t['median_tokens_per_s'], 0)} tokens/s",
+            f"- train loss (mean of the last 10 logged steps) {_f(t['final_train_loss_mean_last10'])}; "
+            f"last logged held-out loss {_f(t['last_logged_heldout_loss'])}; "
+            f"last logged max load violation {_f(t['final_max_violation'])}", "",
+            "## Held-out evaluation", "",
+            f"{h['windows']} windows of {h['seq']} tokens ({h['tokens']:,} predicted tokens).", "",
+            "| | loss (nats/token) | perplexity |", "|---|---|---|",
+            f"| model | {_f(h['loss'])} | {_f(h['perplexity'], 1)} |",
+            f"| unigram (train frequencies, add-one) | {_f(h['unigram_loss'])} | {_f(h['unigram_perplexity'], 1)} |",
+            "", "## Expert load balance (held-out tokens)", "",
+            f"Max violation = max load / mean load − 1; worst layer {_f(b['max_violation'])}.", "",
+            "| router | tokens routed | max load | min load | max violation |", "|---|---|---|---|---|"]
+    out += [f"| {r['layer']} | {r['tokens_routed']} | {r['max_load']} | {r['min_load']} | {_f(r['max_violation'])} |"
+            for r in b["layers"]]
+    e = card["engram"]
+    out += ["", "## Engram gates (held-out text)", ""]
+    if e is None:
+        out.append("This model has no Engram layers.")
+    else:
+        out += ["| layer | mean | p5 | p25 | p50 | p75 | p95 | mean per stream |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['layer']} | {_f(r['mean'])} | {_f(r['p5'])} | {_f(r['p25'])} | {_f(r['p50'])} | {_f(r['p75'])} | "
+                f"{_f(r['p95'])} | {' '.join(_f(x, 2) for x in r['per_stream_mean'])} |" for r in e["layers"]]
+        out += ["", "Highest-gated n-grams (mean gate over streams):", ""]
+        out += [f"- {_f(r['gate'])} `{r['ngram']!r}` ({r['layer']})" for r in e["top_ngrams"]]
+    d = card["dspark"]
+    out += ["", "## DSpark speculative decoding", ""]
+    if d is None:
+        out.append("This model has no DSpark drafter.")
+    else:
+        out += [f"Prompts {', '.join(repr(p) for p in d['prompts'])} as one batch, {d['threads']} torch thread(s).", "",
+                "| | mean accepted length | acceptance rate | plain tokens/s | DSpark tokens/s | ratio | same output |",
+                "|---|---|---|---|---|---|---|"]
+        for k in ("T=0", "T=1"):
+            r = d[k]
+            out.append(f"| {k} | {_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | "
+                       f"{_f(r['plain_tokens_per_s'], 1)} | {_f(r['dspark_tokens_per_s'], 1)} | {_f(r['speedup'], 2)} | "
+                       f"{'yes' if r['outputs_identical'] else 'no'} |")
+        out += ["", "At T=1 the sampled tokens follow the same distribution but need not be the same tokens."]
+    s = card["sample_settings"]
+    out += ["", f"## Samples (temperature {s['temperature']}, seed {s['seed']}, {s['max_new_tokens']} new tokens)", ""]
+    for r in card["samples"]:
+        out += ["```", r["prompt"] + r["text"], "```"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,143 @@
+"""Model card: measured on a tiny random-init checkpoint and corpus; its numbers match direct computations."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.checkpoint import save_checkpoint
+from engine.cli import main as cli_main
+from engine.engram_map import load_token_map
+from engine.generate import Engine
+from engine.model import Transformer, init_weights
+from engine.tokenizer import NOISE_ID, load_tokenizer
+from engine.training.card import CardOptions, build_card
+from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME, sha256_file
+from engine.training.log import CsvLog
+from engine.training.vocab import IdMap
+from model_helpers import tiny_args
+
+TRAIN = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: O Romeo, Romeo.\n" * 3
+HELD = "JULIET: Wherefore art thou Romeo? Deny thy father and refuse thy name.\n" * 2
+SEQ = 16
+OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny checkpoint (random weights, id map, 5-row log) and a prepared data dir with a manifest."""
+    from safetensors.numpy import save_file
+    root = tmp_path_factory.mktemp("card")
+    tok = load_tokenizer()
+    id_map = IdMap.from_counts(Counter(tok.encode(TRAIN + HELD)), tok, min_count=1)
+    args = tiny_args(vocab_size=id_map.vocab_size, dspark_noise_token_id=id_map.model_id(NOISE_ID))
+    model = Transformer(args, id_map.engram_token_map(load_token_map(tok)))
+    init_weights(model, 11)
+    ckpt, data = root / "ckpt", root / "data"
+    save_checkpoint(model, ckpt)
+    id_map.save(ckpt)
+    log = CsvLog(ckpt / "log.csv")
+    for step in range(1, 6):
+        log.write(step=step, tokens=step * 32, train_loss=6.0 - step * 0.3, lr=1e-3, tokens_per_s=100.0 + step,
+                  step_s=0.3, elapsed_s=0.3 * step, max_violation=1.0 / step,
+                  heldout_loss=(6.5 - step * 0.2) if step % 2 == 1 else None)
+    data.mkdir()
+    train = np.asarray([0, *id_map.encode(TRAIN), 1], dtype=np.int32)
+    held = np.asarray([0, *id_map.encode(HELD), 1], dtype=np.int32)
+    save_file({"train": train, "heldout": held}, str(data / TOKENS_NAME))
+    manifest = {"sources": [{"package": "test==1", "registry": "none", "file": "inline", "sha256": "0" * 64,
+                             "licence": "test text"}],
+                "works": {"a": {"split": "train"}, "b": {"split": "heldout"}},
+                "tokens": {"train": int(train.size), "heldout": int(held.size)},
+                "outputs": {TOKENS_NAME: sha256_file(data / TOKENS_NAME)}}
+    (data / MANIFEST_NAME).write_text(json.dumps(manifest))
+    card = build_card(ckpt, data, OPTS, log=lambda *_: None)
+    return ckpt, data, train, held, card
+
+
+def test_heldout_loss_and_unigram_baseline_equal_direct_computations(inputs):
+    ckpt, _, train, held, card = inputs
+    n = (held.size - 1) // (SEQ + 1)
+    assert 1 <= n <= OPTS.windows  # every non-overlapping window is used
+    windows = torch.from_numpy(held[:n * (SEQ + 1)].reshape(n, SEQ + 1).astype(np.int64))  # [n, SEQ + 1]
+    engine = Engine.load(checkpoint=ckpt)
+    with torch.no_grad():
+        logits = engine.model(windows[:, :-1], logits="all")                               # [n, SEQ, V]
+    direct = float(F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten()))
+    h = card["heldout"]
+    assert h["tokens"] == n * SEQ and h["windows"] == n
+    assert h["loss"] == pytest.approx(direct, rel=1e-5)
+    assert h["perplexity"] == pytest.approx(math.exp(direct), rel=1e-5)
+    counts, V = Counter(train.tolist()), engine.args.vocab_size
+    total = train.size + V
+    uni = -np.mean([math.log((counts[t] + 1) / total) for t in windows[:, 1:].flatten().tolist()])
+    assert h["unigram_loss"] == pytest.approx(uni, rel=1e-9)
+
+
+def test_balance_engram_dspark_and_samples_are_measured(inputs):
+    ckpt, _, _, held, card = inputs
+    args = Engine.load(checkpoint=ckpt).args
+    routed = card["heldout"]["tokens"] * args.n_activated_experts
+    layers = card["expert_balance"]["layers"]
+    assert layers and all(r["tokens_routed"] == routed for r in layers)
+    for r in layers:
+        assert r["max_violation"] == pytest.approx(r["max_load"] / (routed / args.n_routed_experts) - 1)
+    assert card["expert_balance"]["max_violation"] == max(r["max_violation"] for r in layers)
+    e = card["engram"]
+    assert len(e["layers"]) == len(args.engram_layer_ids)
+    for r in e["layers"]:
+        assert r["positions"] == card["heldout"]["tokens"]
+        assert r["p5"] <= r["p25"] <= r["p50"] <= r["p75"] <= r["p95"]
+        assert len(r["per_stream_mean"]) == args.hc_mult
+    gates = [g["gate"] for g in e["top_ngrams"]]
+    assert len(gates) == OPTS.top_ngrams and gates == sorted(gates, reverse=True)
+    assert gates[0] >= max(r["mean"] for r in e["layers"])  # the best position beats its layer's average
+    full_text = Engine.load(checkpoint=ckpt).tokenizer.decode(held.tolist())
+    assert all(g["ngram"] and g["ngram"] in full_text for g in e["top_ngrams"])  # n-grams of the held-out text
+    d = card["dspark"]
+    assert d["T=0"]["outputs_identical"] is True  # greedy DSpark is lossless
+    for k in ("T=0", "T=1"):
+        assert d[k]["mean_accepted_length"] >= 1.0 and d[k]["plain_tokens_per_s"] > 0
+    assert [s["prompt"] for s in card["samples"]][0] == "ROMEO:"
+    again = Engine.load(checkpoint=ckpt).generate_text("ROMEO:", max_new_tokens=OPTS.new_tokens, seed=OPTS.seed,
+                                                       temperature=OPTS.sample_temperature)
+    assert card["samples"][0]["text"] == again.texts[0]  # fixed seed: the sample is reproducible
+
+
+def test_card_files_carry_the_measured_numbers(inputs):
+    ckpt, _, _, _, card = inputs
+    assert json.loads((ckpt / "card.json").read_text()) == json.loads(json.dumps(card))
+    md = (ckpt / "MODEL_CARD.md").read_text()
+    assert f"{card['heldout']['loss']:.3f}" in md and f"{card['heldout']['unigram_loss']:.3f}" in md
+    assert f"{card['model']['bytes_on_disk']:,}" in md and "test text" in md
+    assert card["model"]["bytes_on_disk"] == (ckpt / "model.safetensors").stat().st_size
+    assert card["training"]["steps"] == 5 and card["training"]["last_logged_heldout_loss"] == pytest.approx(5.5)
+    png = (ckpt / "loss_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    img = matplotlib.image.imread(ckpt / "loss_curve.png")
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_missing_inputs_are_named(inputs, tmp_path, capsys):
+    ckpt, data, *_ = inputs
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / MANIFEST_NAME}, {tmp_path / TOKENS_NAME}$"):
+        build_card(ckpt, tmp_path, OPTS)  # a data dir that was never prepared
+    assert cli_main(["card", str(tmp_path), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "log.csv" in err
+
+
+def test_a_tokens_file_that_changed_since_the_manifest_is_refused(inputs, tmp_path):
+    ckpt, data, *_ = inputs
+    other = tmp_path / "data"
+    other.mkdir()
+    (other / TOKENS_NAME).write_bytes((data / TOKENS_NAME).read_bytes() + b" ")
+    (other / MANIFEST_NAME).write_text((data / MANIFEST_NAME).read_text())
+    with pytest.raises(ValueError, match="differs from the manifest"):
+        build_card(ckpt, other, OPTS)
