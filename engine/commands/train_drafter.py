@@ -1,0 +1,63 @@
+"""`python -m engine train_drafter`: train a checkpoint's DSpark drafter with its backbone frozen."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backbone frozen: block cross-entropy "
+        "through the Markov head, confidence head on the analytical acceptance target")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..training.train_drafter import DrafterTrainConfig
+    d = DrafterTrainConfig()
+    parser.add_argument("--checkpoint", required=True, help="trained backbone (directory with model.safetensors, "
+                        "config.json, id_map.json), e.g. the backbone run's --out")
+    parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
+    parser.add_argument("--out", required=True, help="the drafter run's directory (not the backbone's)")
+    parser.add_argument("--steps", type=int, default=d.steps, help=f"total optimizer steps (default {d.steps})")
+    parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences per step (default {d.batch})")
+    parser.add_argument("--seq", type=int, default=d.seq, help=f"tokens per sequence, each an anchor (default {d.seq})")
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    parser.add_argument("--min-lr", type=float, default=d.min_lr, help=f"final learning rate (default {d.min_lr})")
+    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+    parser.add_argument("--confidence-weight", type=float, default=d.confidence_weight,
+                        help=f"weight of the confidence head's BCE (default {d.confidence_weight})")
+    parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--resume", action="store_true", help="continue the drafter run saved in --out")
+    parser.add_argument("--export", metavar="DIR", help="after training, write the shippable bf16 checkpoint "
+                        "(backbone + trained drafter, config.json, id_map.json, log.csv, drafter_log.csv) to DIR")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..generate import Engine
+    from ..model.options import EngineOptions
+    from ..training.corpus import load_tokens
+    from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
+    from ..training.vocab import ID_MAP_NAME
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
+    cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
+                             warmup=args.warmup, confidence_weight=args.confidence_weight,
+                             save_every=args.save_every, seed=args.seed)
+    ckpt = Path(args.checkpoint)
+    ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent
+    trainer = DrafterTrainer(engine.model, cfg, load_tokens(args.data), args.out,
+                             id_map_file=ckpt_dir / ID_MAP_NAME, backbone_log=ckpt_dir / "log.csv", resume=args.resume)
+    rows = trainer.run(progress=not args.no_progress)
+    if rows:
+        last = rows[-1]
+        print(f"step {last['step']}: draft CE {last['ce']:.4f}, confidence BCE {last['confidence_loss']:.4f}, "
+              f"predicted acceptance {last['predicted_acceptance']:.3f} vs target {last['target_acceptance']:.3f}; "
+              f"run in {args.out}")
+    if args.export:
+        file = trainer.export(args.export)
+        print(f"exported {file} ({file.stat().st_size / 1e6:.1f} MB)")
+    return 0
