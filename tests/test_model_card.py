@@ -16,7 +16,9 @@ from engine.engram_map import load_token_map
 from engine.generate import Engine
 from engine.model import Transformer, init_weights
 from engine.tokenizer import NOISE_ID, load_tokenizer
-from engine.training.card import CardOptions, build_card
+from engine.dspark.metrics import summarize
+from engine.dspark.speculative import generate_speculative
+from engine.training.card import PROMPTS, CardOptions, build_card
 from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME, sha256_file
 from engine.training.log import CsvLog
 from engine.training.vocab import IdMap
@@ -25,7 +27,7 @@ from model_helpers import tiny_args
 TRAIN = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: O Romeo, Romeo.\n" * 3
 HELD = "JULIET: Wherefore art thou Romeo? Deny thy father and refuse thy name.\n" * 2
 SEQ = 16
-OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5)
+OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5, repeats=1)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,13 @@ def test_balance_engram_dspark_and_samples_are_measured(inputs):
     assert d["T=0"]["outputs_identical"] is True  # greedy DSpark is lossless
     for k in ("T=0", "T=1"):
         assert d[k]["mean_accepted_length"] >= 1.0 and d[k]["plain_tokens_per_s"] > 0
-    assert [s["prompt"] for s in card["samples"]][0] == "ROMEO:"
+    engine = Engine.load(checkpoint=ckpt)
+    for t in (0.0, 1.0):  # the accepted length is recomputed from fresh seeded runs, one prompt at a time
+        steps = [s for p in PROMPTS for s in generate_speculative(
+            engine.model, [engine.encode(p)], max_new_tokens=OPTS.new_tokens, temperature=t, seed=OPTS.seed,
+            stop_tokens=()).steps]
+        assert d[f"T={t:g}"]["mean_accepted_length"] == pytest.approx(summarize(steps).mean_accepted_length)
+    assert [s["prompt"] for s in card["samples"]] == list(PROMPTS)
     again = Engine.load(checkpoint=ckpt).generate_text("ROMEO:", max_new_tokens=OPTS.new_tokens, seed=OPTS.seed,
                                                        temperature=OPTS.sample_temperature)
     assert card["samples"][0]["text"] == again.texts[0]  # fixed seed: the sample is reproducible

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=d.new_tokens,
                         help=f"new tokens per prompt for samples and decode timing (default {d.new_tokens})")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"sampling seed (default {d.seed})")
+    parser.add_argument("--repeats", type=int, default=d.repeats, help=f"timing repeats, median taken (default {d.repeats})")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
@@ -29,13 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ..training.card import CardOptions, build_card
 
-    for name in ("seq", "windows", "batch", "new_tokens"):
+    for name in ("seq", "windows", "batch", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     opts = CardOptions(seq=args.seq, windows=args.windows, batch=args.batch, new_tokens=args.new_tokens,
-                       seed=args.seed)
+                       repeats=args.repeats, seed=args.seed)
     card = build_card(Path(args.checkpoint), Path(args.data), opts)
     h = card["heldout"]
     print(f"held-out loss {h['loss']:.3f} (ppl {h['perplexity']:.1f}) vs unigram {h['unigram_loss']:.3f} "
