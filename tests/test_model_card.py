@@ -51,6 +51,7 @@ def inputs(tmp_path_factory):
     data.mkdir()
     train = np.asarray([0, *id_map.encode(TRAIN), 1], dtype=np.int32)
     held = np.asarray([0, *id_map.encode(HELD), 1], dtype=np.int32)
+    id_map.save(data)
     save_file({"train": train, "heldout": held}, str(data / TOKENS_NAME))
     manifest = {"sources": [{"package": "test==1", "registry": "none", "file": "inline", "sha256": "0" * 64,
                              "licence": "test text"}],
@@ -148,4 +149,16 @@ def test_a_tokens_file_that_changed_since_the_manifest_is_refused(inputs, tmp_pa
     (other / TOKENS_NAME).write_bytes((data / TOKENS_NAME).read_bytes() + b" ")
     (other / MANIFEST_NAME).write_text((data / MANIFEST_NAME).read_text())
     with pytest.raises(ValueError, match="differs from the manifest"):
+        build_card(ckpt, other, OPTS)
+
+
+def test_a_corpus_prepared_with_another_id_map_is_refused(inputs, tmp_path):
+    ckpt, data, *_ = inputs
+    other = tmp_path / "data"
+    other.mkdir()
+    for name in (TOKENS_NAME, MANIFEST_NAME):
+        (other / name).write_bytes((data / name).read_bytes())
+    tok = load_tokenizer()
+    IdMap.from_counts(Counter(tok.encode("Another text, another vocabulary.")), tok, 1).save(other)
+    with pytest.raises(ValueError, match="differs from the checkpoint's id map"):
         build_card(ckpt, other, OPTS)

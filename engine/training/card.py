@@ -38,6 +38,20 @@ def check_inputs(ckpt: Path, data: Path) -> None:
         raise FileNotFoundError("model card: missing input(s): " + ", ".join(missing))
 
 
+def check_same_vocabulary(engine, data: Path) -> None:
+    """The corpus's model ids must mean what the checkpoint's do: both id maps list the same tokenizer ids."""
+    from .vocab import ID_MAP_NAME, IdMap
+    ours = getattr(engine.tokenizer, "reduced_vocab", None)
+    if (data / ID_MAP_NAME).is_file() != (ours is not None):
+        raise ValueError(f"{data} and the checkpoint disagree on the vocabulary: only one of them has {ID_MAP_NAME}")
+    if ours is None:
+        return
+    theirs = IdMap.load(data / ID_MAP_NAME, ours.tokenizer)
+    if not np.array_equal(theirs.ids, ours.ids):
+        raise ValueError(f"{data / ID_MAP_NAME} ({theirs.vocab_size} ids) differs from the checkpoint's id map "
+                         f"({ours.vocab_size} ids): the corpus was prepared for another model")
+
+
 def heldout_windows(tokens: np.ndarray, seq: int, count: int) -> np.ndarray:
     """[n, seq + 1] non-overlapping windows spread evenly over the held-out stream."""
     n_all = (tokens.size - 1) // (seq + 1)
@@ -205,6 +219,7 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
                          "re-run prepare_data")
     engine = Engine.load(checkpoint=ckpt)
     args, model = engine.args, engine.model
+    check_same_vocabulary(engine, data)
     tokens = load_tokens(data)
     for part in ("train", "heldout"):
         if tokens[part].size and int(tokens[part].max()) >= args.vocab_size:
