@@ -276,7 +276,8 @@ def render(card: dict) -> str:
     c = card["corpus"]
     out += [f"- held-out works: {', '.join(c['works']['heldout']) or 'none listed'}; "
             f"{len(c['works']['train'])} works for training",
-            f"- tokens: {', '.join(f'{k} {v:,}' for k, v in (c['tokens'] or {}).items())} (tokens.safetensors sha256 `{c['tokens_sha256']}`), vocabulary {c['vocab_size']} ids",
+            f"- tokens: {', '.join(f'{k} {v:,}' for k, v in (c['tokens'] or {}).items())} "
+            f"(tokens.safetensors sha256 `{c['tokens_sha256']}`), vocabulary {c['vocab_size']} ids",
             "", "## Size", "",
             f"- parameters: {m['total_params']:,} total, {m['backbone_params']:,} backbone",
             f"- weights on disk: {m['bytes_on_disk']:,} bytes", "",
