@@ -45,6 +45,18 @@ def test_bad_invocations_get_a_clear_error(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_default_weights_are_the_shipped_checkpoint(tmp_path, monkeypatch, capsys):
+    from engine.commands import generate as command
+    monkeypatch.setattr(command, "DEFAULT_CHECKPOINT", tmp_path / "default")
+    assert main(["generate", "--prompt", "The cat"]) == 2
+    assert "no trained default checkpoint is shipped yet" in capsys.readouterr().err
+    save_checkpoint(Engine.load("tiny-v4.1", seed=4).model, tmp_path / "default")
+    assert main(["generate", "--prompt", "The cat", "--max-new-tokens", "3"]) == 0
+    from_default = capsys.readouterr().out
+    assert main(BASE + ["--config", "tiny-v4.1", "--random-init", "--seed", "4"]) == 0
+    assert capsys.readouterr().out == from_default
+
+
 def test_too_long_or_empty_prompts_fail_before_any_output(capsys):
     long = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "word " * 600, "--max-new-tokens", "1"]
     assert main(long) == 2

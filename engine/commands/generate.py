@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 HELP = "generate text from a prompt (random-init or checkpoint weights), optionally writing a trace"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
-    weights = parser.add_mutually_exclusive_group(required=True)
-    weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index "
+                                              f"(default: the shipped {DEFAULT_CHECKPOINT.name}/ checkpoint)")
     weights.add_argument("--random-init", action="store_true", help="seeded random weights (needs --config)")
     parser.add_argument("--seed", type=int, default=0, help="weight-init seed, and the sampling seed (default 0)")
     parser.add_argument("--prompt", required=True, help="prompt text (BOS is prepended unless --no-bos)")
     parser.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
-    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="(default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
@@ -40,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from ..trace import Trace, TraceBudget
     from ..trace_io import trace_format
 
+    if not args.random_init and not args.checkpoint:
+        if not DEFAULT_CHECKPOINT.is_dir():
+            raise ValueError(f"no trained default checkpoint is shipped yet ({DEFAULT_CHECKPOINT} is missing): "
+                             "pass --checkpoint DIR, or --random-init --config tiny-v4.1")
+        args.checkpoint = str(DEFAULT_CHECKPOINT)
     if args.random_init and not args.config:
         raise ValueError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
     if args.threads < 1:
