@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .run_args import add_run_arguments, add_schedule_arguments
+
 HELP = "train a model of the V4.1 architecture on a prepared corpus (see prepare_data); checkpoints and resumes"
 
 
@@ -13,12 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="model config.json (e.g. configs/default-small.json)")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     parser.add_argument("--out", required=True, help="checkpoint directory (e.g. checkpoints/default)")
-    parser.add_argument("--steps", type=int, default=d.steps, help=f"total optimizer steps (default {d.steps})")
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences per step (default {d.batch})")
-    parser.add_argument("--seq", type=int, default=d.seq, help=f"tokens per sequence (default {d.seq})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    parser.add_argument("--min-lr", type=float, default=d.min_lr, help=f"final learning rate (default {d.min_lr})")
-    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+    add_schedule_arguments(parser, d)
     parser.add_argument("--bias-gamma", type=float, default=d.bias_gamma,
                         help=f"router bias step of the auxiliary-loss-free balancing (default {d.bias_gamma})")
     parser.add_argument("--seq-aux", type=float, default=d.seq_aux_alpha,
@@ -27,13 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"weight of the lightning indexer's KL loss, 0 = off (default {d.indexer_loss})")
     parser.add_argument("--eval-every", type=int, default=d.eval_every, help=f"held-out evaluation period (default {d.eval_every})")
     parser.add_argument("--eval-windows", type=int, default=d.eval_windows, help=f"held-out windows (default {d.eval_windows})")
-    parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    parser.add_argument("--export", metavar="DIR", help="after training, write the shippable bf16 checkpoint "
-                        "(model.safetensors, config.json, id_map.json, log.csv; no optimizer state) to DIR")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+    add_run_arguments(parser, d, resume_help="continue the run saved in --out",
+                      export_help="after training, write the shippable bf16 checkpoint (model.safetensors, "
+                                  "config.json, id_map.json, log.csv; no optimizer state) to DIR")
 
 
 def run(args: argparse.Namespace) -> int:

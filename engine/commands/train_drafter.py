@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .run_args import add_run_arguments, add_schedule_arguments
+
 HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backbone frozen: block cross-entropy "
         "through the Markov head, confidence head on the analytical acceptance target")
 
@@ -15,21 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "config.json, id_map.json), e.g. the backbone run's --out")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     parser.add_argument("--out", required=True, help="the drafter run's directory (not the backbone's)")
-    parser.add_argument("--steps", type=int, default=d.steps, help=f"total optimizer steps (default {d.steps})")
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences per step (default {d.batch})")
-    parser.add_argument("--seq", type=int, default=d.seq, help=f"tokens per sequence, each an anchor (default {d.seq})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    parser.add_argument("--min-lr", type=float, default=d.min_lr, help=f"final learning rate (default {d.min_lr})")
-    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+    add_schedule_arguments(parser, d, seq_help="tokens per sequence, each an anchor")
     parser.add_argument("--confidence-weight", type=float, default=d.confidence_weight,
                         help=f"weight of the confidence head's BCE (default {d.confidence_weight})")
-    parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--resume", action="store_true", help="continue the drafter run saved in --out")
-    parser.add_argument("--export", metavar="DIR", help="after training, write the shippable bf16 checkpoint "
-                        "(backbone + trained drafter, config.json, id_map.json, log.csv, drafter_log.csv) to DIR")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+    add_run_arguments(parser, d, resume_help="continue the drafter run saved in --out",
+                      export_help="after training, write the shippable bf16 checkpoint (backbone + trained "
+                                  "drafter, config.json, id_map.json, log.csv, drafter_log.csv) to DIR")
 
 
 def run(args: argparse.Namespace) -> int:
