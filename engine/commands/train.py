@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..engram_map import load_token_map
     from ..tokenizer import load_tokenizer
-    from ..training.corpus import load_tokens
+    from ..training.corpus import load_tokens, require_corpus
     from ..training.train import Trainer, TrainConfig, describe
     from ..training.vocab import ID_MAP_NAME, IdMap
 
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model_args = load_config(args.config)
     data_dir = Path(args.data)
+    if not data_dir.is_dir():
+        require_corpus(data_dir)  # says how to prepare the corpus
     id_map = IdMap.load(data_dir / ID_MAP_NAME, load_tokenizer())
     check_vocabulary(model_args, id_map, args.config, data_dir / ID_MAP_NAME)
     engram_map = id_map.engram_token_map(load_token_map()) if model_args.has_engram else None

@@ -150,13 +150,19 @@ def prepare(out_dir: str | Path, sdist: str | Path | None = None, min_count: int
     return manifest
 
 
+def require_corpus(data_dir: str | Path) -> Path:
+    """The token file of a prepared data directory, or FileNotFoundError saying how to prepare it."""
+    path = Path(data_dir) / TOKENS_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no prepared corpus here; run `python -m engine prepare_data --out {data_dir}`")
+    return path
+
+
 def load_tokens(data_dir: str | Path) -> dict[str, np.ndarray]:
     """{'train': int32 model ids, 'heldout': ...} from a prepared data directory."""
     from safetensors.numpy import load_file
 
-    path = Path(data_dir) / TOKENS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no prepared corpus here; run `python -m engine prepare-data --out {data_dir}`")
+    path = require_corpus(data_dir)
     found = load_file(str(path))
     missing = [k for k in ("train", "heldout") if k not in found]
     if missing:
