@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .run_args import apply_threads
+
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
 
 
@@ -33,10 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import run_bench
     from .info import resolve_config
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
     if getattr(args, "gpu", False):

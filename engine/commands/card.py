@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .run_args import apply_threads
+
 HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, Engram gates, DSpark, samples) " \
        "and write MODEL_CARD.md, card.json and loss_curve.png into it"
 
@@ -26,15 +28,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    import torch
-
     from ..training.card import CardOptions, build_card
 
     for name in ("seq", "windows", "batch", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     opts = CardOptions(seq=args.seq, windows=args.windows, batch=args.batch, new_tokens=args.new_tokens,
                        repeats=args.repeats, seed=args.seed)
     card = build_card(Path(args.checkpoint), Path(args.data), opts)

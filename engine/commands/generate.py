@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .run_args import apply_threads
+
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 HELP = "generate text from a prompt (random-init or checkpoint weights), optionally writing a trace"
 
@@ -50,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint = str(DEFAULT_CHECKPOINT)
     if args.random_init and not args.config:
         raise ValueError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.trace:

@@ -1,4 +1,4 @@
-"""Options shared by the training commands (train, train_drafter): schedule, run control, threads."""
+"""Options shared by commands: the training schedule and run control (train, train_drafter), torch threads (all)."""
 from __future__ import annotations
 
 import argparse
@@ -22,3 +22,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, d, resume_help: str, expo
     parser.add_argument("--resume", action="store_true", help=resume_help)
     parser.add_argument("--export", metavar="DIR", help=export_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's CPU threads from a --threads value; None keeps torch's choice."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+    torch.set_num_threads(threads)

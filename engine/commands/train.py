@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run_args import add_run_arguments, add_schedule_arguments
+from .run_args import add_run_arguments, add_schedule_arguments, apply_threads
 
 HELP = "train a model of the V4.1 architecture on a prepared corpus (see prepare_data); checkpoints and resumes"
 
@@ -30,8 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..config import load_config
     from ..engram_map import load_token_map
     from ..tokenizer import load_tokenizer
@@ -39,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.train import Trainer, TrainConfig, describe
     from ..training.vocab import ID_MAP_NAME, IdMap
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     model_args = load_config(args.config)
     data_dir = Path(args.data)
     if not data_dir.is_dir():

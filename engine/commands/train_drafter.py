@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run_args import add_run_arguments, add_schedule_arguments
+from .run_args import add_run_arguments, add_schedule_arguments, apply_threads
 
 HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backbone frozen: block cross-entropy "
         "through the Markov head, confidence head on the analytical acceptance target")
@@ -26,16 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..generate import Engine
     from ..model.options import EngineOptions
     from ..training.corpus import load_tokens
     from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
     from ..training.vocab import ID_MAP_NAME
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
     cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                              warmup=args.warmup, confidence_weight=args.confidence_weight,
