@@ -17,8 +17,9 @@ from .sparse_attn import sparse_attn
 def window_index(start: torch.Tensor, n_tokens: int, window: int, slots: int) -> torch.Tensor:
     """[B, S, window] indices into [ring (slots) ; this call's rows (S)] for each query's window
     t−window+1 .. t (−1 before the sequence start). Earlier positions live in ring slot pos % slots."""
-    t = start.view(-1, 1, 1) + torch.arange(n_tokens).view(1, -1, 1)       # [B, S, 1] query positions
-    k = t - torch.arange(window).view(1, 1, -1)                              # [B, S, window] key positions
+    dev = start.device
+    t = start.view(-1, 1, 1) + torch.arange(n_tokens, device=dev).view(1, -1, 1)   # [B, S, 1] query positions
+    k = t - torch.arange(window, device=dev).view(1, 1, -1)                  # [B, S, window] key positions
     new = k >= start.view(-1, 1, 1)
     idx = torch.where(new, slots + k - start.view(-1, 1, 1), k % slots)
     return torch.where(k >= 0, idx, -1)

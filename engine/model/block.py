@@ -36,7 +36,8 @@ class Block(nn.Module):
 
     def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext):
         pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
-                                   getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps)
+                                   getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps,
+                                   torch_sinkhorn=ctx.static)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             row_err, col_err = stochastic_error(comb)
@@ -51,7 +52,10 @@ class Block(nn.Module):
         f = self.attn(self.attn_norm(collapse(x, pre_in)), ctx)
         x = expand(f, x, a_post, a_comb)
         f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
-        f, (weights, ids, scores) = self.ffn(self.ffn_norm(collapse(x, a_pre)), ctx.image_mask)
+        xn = self.ffn_norm(collapse(x, a_pre))
+        # static shapes: the gathered expert path at any batch (the sorted one reads counts back to the host)
+        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, gathered=True) if ctx.static else \
+            self.ffn(xn, ctx.image_mask)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)

@@ -25,12 +25,15 @@ class Compressor(nn.Module):
         Row b completes groups start_b//r .. (start_b + S)//r − 1; G is the most any row completes.
         """
         r, S = self.ratio, ctx.n_tokens
-        first = ctx.start // r                               # [B] CPU
+        first = ctx.start // r                               # [B] CPU (on the device with static shapes)
         n_done = (ctx.start + S) // r - first                # [B] groups each row completes now
-        G = int(n_done.max())
+        # static shapes: the most groups any row can complete in S tokens; rows completing fewer mark the
+        # rest invalid (their writes go to the scratch row), so no value is read back to size G
+        G = -(-S // r) if ctx.static else int(n_done.max())
         dev = x.device
-        group = (first.unsqueeze(1) + torch.arange(G)).to(dev)            # [B, G]
-        valid = (torch.arange(G).unsqueeze(0) < n_done.unsqueeze(1)).to(dev)
+        span = torch.arange(G, device=first.device)
+        group = (first.unsqueeze(1) + span).to(dev)                        # [B, G]
+        valid = (span.unsqueeze(0) < n_done.unsqueeze(1)).to(dev)
         if r == 1:  # one token per group: a plain projection, in the activation dtype
             return self.norm(self.wkv(x)), group, valid
         # ratio > 1: gate-weighted softmax pooling in fp32 over the tokens of each group

@@ -25,6 +25,10 @@ class ForwardContext:
     candidates: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
     indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
+    # Static shapes (CUDA-graph decode, engine/graphs): rows and start live on the model's device, no layer
+    # reads a value back to the host, and widths are the cache's full capacity (masked) instead of the
+    # current position's. Off = the eager path, unchanged.
+    static: bool = False
 
     def cached(self, key, make):
         if key not in self.memo:
@@ -40,7 +44,10 @@ class ForwardContext:
         return (self.positions + 1) // ratio
 
     def width(self, ratio: int) -> int:
-        """Compressed rows any query of this call can see (the widest row's (start + S) // ratio)."""
+        """Compressed rows any query of this call can see (the widest row's (start + S) // ratio); with
+        static shapes the cache's full capacity (rows past a query's `visible` are masked downstream)."""
+        if self.static:
+            return self.cache.max_seq_len // ratio + 1
         return int(((self.start + self.n_tokens) // ratio).max())
 
     def tail(self, n: int) -> "ForwardContext":
@@ -52,5 +59,8 @@ class ForwardContext:
                        topk={k: v[:, skip:] for k, v in self.topk.items()}, candidates=cand, memo={})
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows [B], positions [B, S]) on the CPU, as the Trace receives them."""
+        """(rows [B], positions [B, S]) on the CPU, as the Trace receives them (with static shapes: the
+        device tensors as they are; the graph's trace buffers ignore them and the host supplies its own)."""
+        if self.static:
+            return self.rows, self.positions
         return self.rows, self.cached("positions_cpu", lambda: self.positions.cpu())

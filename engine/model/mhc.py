@@ -43,8 +43,10 @@ def sinkhorn_numpy(logits, iters: int, eps: float):
 
 
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-             iters: int, hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [B, S, hc, D] → pre [B,S,hc], post [B,S,hc], comb [B,S,hc,hc] (all fp32 or float64)."""
+             iters: int, hc_eps: float, norm_eps: float,
+             torch_sinkhorn: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B, S, hc, D] → pre [B,S,hc], post [B,S,hc], comb [B,S,hc,hc] (all fp32 or float64).
+    torch_sinkhorn: always the torch Sinkhorn (static-shape decode: no numpy, capturable, meta-checkable)."""
     hc = x.size(2)
     xf = upcast(x.flatten(2))  # [B, S, hc·D]
     # one RMS statistic per token over the whole flattened width
@@ -53,7 +55,8 @@ def hc_mixes(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch
     pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + hc_eps
     post = 2 * torch.sigmoid(mixes[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
     logits = (mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]).unflatten(-1, (hc, hc))  # [B, S, a, b]
-    return pre, post, sinkhorn(logits, iters, hc_eps)
+    comb = sinkhorn_torch(logits, iters, hc_eps) if torch_sinkhorn else sinkhorn(logits, iters, hc_eps)
+    return pre, post, comb
 
 
 def collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

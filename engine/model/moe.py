@@ -66,13 +66,14 @@ class MoE(nn.Module):
         self._stack_key = None
         self._stack: tuple[torch.Tensor, ...] = ()
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
-        """x [B, S, dim] → (y [B, S, dim], (weights, ids, scores) each [B, S, k])."""
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, gathered: bool = False):
+        """x [B, S, dim] → (y [B, S, dim], (weights, ids, scores) each [B, S, k]). gathered: take the
+        one-bmm gathered path whatever the token count (static-shape decode; it never syncs with the host)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])                                       # [N, dim]
         weights, ids, scores = self.gate(flat, None if vision is None else vision.reshape(-1))
         needs_grad = torch.is_grad_enabled() and self.gate.weight.requires_grad
-        if (flat.size(0) * self.topk <= self.n_experts or flat.is_meta) and not needs_grad:
+        if (gathered or flat.size(0) * self.topk <= self.n_experts or flat.is_meta) and not needs_grad:
             y = self._gathered(flat, weights, ids)
         else:
             y = self._sorted(flat, weights, ids)

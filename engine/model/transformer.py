@@ -97,7 +97,6 @@ class Transformer(nn.Module):
         S > window, "all" logits and taps cover only the last window positions. indexer_loss: an
         IndexerLoss that collects the indexer's auxiliary loss (training; the outputs do not change).
         """
-        a = self.args
         tokens = self._check_tokens(tokens)
         if logits not in ("last", "all"):
             raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
@@ -119,7 +118,20 @@ class Transformer(nn.Module):
                              options=self.options, image_mask=None if image_mask is None else image_mask.to(dev),
                              trace=trace, indexer_loss=indexer_loss)
         engram = self._engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
-        h = self.embed(tokens.to(dev))                                         # [B, S, dim]
+        out, taps = self.run_layers(tokens.to(dev), ctx, engram, logits)
+        cache.advance(row_ids, S)
+        if return_taps:
+            return out, taps
+        return out
+
+    def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext, engram, logits: str = "last"):
+        """The device part of forward: tokens [B, S] on the model's device, a prepared context and the
+        hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → (logits, taps or None).
+        Reads and writes ctx.cache's tensors in place; touches none of the host bookkeeping (pos, history).
+        With ctx.static it is free of host syncs and data-dependent shapes (the CUDA-graph decode body)."""
+        a, dev = self.args, self.device
+        B, S = tokens.shape
+        h = self.embed(tokens)                                                 # [B, S, dim]
         h = h.unsqueeze(2).repeat(1, 1, a.hc_mult, 1)                          # [B, S, hc, dim]
         pre = torch.zeros(B, S, a.hc_mult, dtype=torch.float64 if self.dtype == torch.float64 else torch.float32,
                           device=dev)
@@ -137,15 +149,12 @@ class Transformer(nn.Module):
             if i in self.tapped:
                 taps.append(h.mean(2))
             h, pre = layer(h, pre, ctx)
-        cache.advance(row_ids, S)
         x = self.norm(collapse(h, pre))
         if logits == "last":
             x = x[:, -1]
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         out = F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
-        if return_taps:
-            return out, torch.cat(taps, -1) if taps else None
-        return out
+        return out, (torch.cat(taps, -1) if taps else None)
 
     def _check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)

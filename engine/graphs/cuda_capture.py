@@ -1,0 +1,22 @@
+"""The only CUDA-specific step: warm a body up on a side stream, then capture it into a torch.cuda.CUDAGraph."""
+from __future__ import annotations
+
+import torch
+
+
+def capture_cuda_graph(body, warmup: int = 2) -> "torch.cuda.CUDAGraph":
+    """Capture body() (a function of static buffers only) as a graph; replay() reruns its launches.
+    The warm-up calls (lazy cuBLAS/Triton initialisation, cached weight stacks) run on a side stream, as
+    capture requires; the body must be idempotent for fixed inputs, which a decode step at fixed positions is."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA graph capture needs a CUDA device; on CPU GraphedDecoder replays eagerly")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph

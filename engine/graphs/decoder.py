@@ -1,0 +1,110 @@
+"""GraphedDecoder: single-token decode steps replayed from one CUDA graph per batch bucket (eager replay on CPU)."""
+from __future__ import annotations
+
+import torch
+
+from .buckets import bucket_for
+from .decode_body import decode_body
+from .static_inputs import DecodeInputs
+from .trace_buffers import TraceBuffers
+
+
+class _Bucket:
+    """One bucket's static buffers, trace buffers and (on CUDA, once captured) its graph."""
+
+    def __init__(self, inputs: DecodeInputs, sink: TraceBuffers | None):
+        self.inputs, self.sink = inputs, sink
+        self.graph = None
+        self.laid_out = False
+
+
+class GraphedDecoder:
+    """Decode steps of `model` over `cache` at bucketed batch sizes (1, 2, 4, …).
+
+    Each step: hash the Engram rows and check room on the host, copy the inputs into the bucket's static
+    buffers, run the body — on CUDA by replaying the graph captured at the bucket's first step, elsewhere
+    by calling it eagerly on the same buffers ("eager replay": identical code and buffers, no speed-up) —
+    then advance cache.pos and copy the logits (and trace records) out.
+
+    `scratch_row`: a cache row no sequence uses (default: the cache's last row); padding rows of a bucket
+    write there. A captured graph holds the addresses of the cache tensors and the weights as they were
+    at capture: build a new GraphedDecoder after replacing weights or the cache (in-place updates and
+    cache.reset/rollback are fine).
+    """
+
+    def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
+                 warmup: int = 2):
+        self.model, self.cache = model, cache
+        self.scratch_row = cache.batch_size - 1 if scratch_row is None else int(scratch_row)
+        if not 0 <= self.scratch_row < cache.batch_size:
+            raise ValueError(f"scratch_row {self.scratch_row} outside the cache's rows 0..{cache.batch_size - 1}")
+        cuda = model.device.type == "cuda"
+        self.capture = cuda if capture is None else bool(capture)
+        if self.capture and not cuda:
+            raise ValueError(f"capture=True needs the model on a CUDA device, not {model.device}; "
+                             "capture=False replays the same static body eagerly")
+        self.warmup = warmup
+        self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
+        roles = model.args.roles[: model.args.n_layers]
+        # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
+        self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.index_key_source] for r in roles if r.ratio}
+        self.attention_paths = [f"{r.path}.attn" for r in roles]
+
+    @property
+    def captured(self) -> list[int]:
+        """Bucket sizes that replay a captured CUDA graph."""
+        return sorted({b for (b, _), st in self._buckets.items() if st.graph is not None})
+
+    def step(self, tokens, rows, trace=None) -> torch.Tensor:
+        """tokens [n, 1] (or [n]) next token of each sequence, rows [n] their cache rows → logits [n, V]
+        (a fresh tensor). Each row's token goes at its cache.pos, which then advances by one."""
+        if torch.is_grad_enabled():
+            raise RuntimeError("GraphedDecoder.step runs under torch.no_grad() or torch.inference_mode()")
+        cache, model = self.cache, self.model
+        tokens = model._check_tokens(torch.as_tensor(tokens).reshape(-1, 1)).cpu()   # [n, 1]
+        n = tokens.size(0)
+        rows = cache.resolve_rows(rows, n)
+        if (rows == self.scratch_row).any():
+            raise ValueError(f"cache row {self.scratch_row} is the decoder's scratch row (padding writes "
+                             "there): give the sequences other rows, or a cache with one more row")
+        cache.check_room(rows, 1)
+        positions = cache.pos[rows].clone()                                           # [n]
+        engram = model._engram_rows(tokens, None, cache, rows, positions.unsqueeze(1))
+        key = (bucket_for(n), None if trace is None else
+               frozenset(p for p in self.attention_paths if trace.wants_attention(p)))
+        st = self._buckets.get(key)
+        if st is None:
+            st = self._buckets[key] = _Bucket(DecodeInputs(model, key[0], self.scratch_row),
+                                              None if trace is None else TraceBuffers(key[1]))
+        st.inputs.fill(tokens, positions, rows, engram)
+        self._run(st)
+        cache.advance(rows, 1)
+        if trace is not None:
+            width = self._topk_width(positions)
+            st.sink.emit(trace, rows, positions.unsqueeze(1), n, width)
+        return st.inputs.logits[:n].clone()
+
+    def _run(self, st: _Bucket) -> None:
+        def body():
+            decode_body(self.model, self.cache, st.inputs, st.sink)
+
+        if st.graph is not None:
+            st.graph.replay()
+            return
+        body()  # eager: the layout run of the trace buffers, or eager replay on CPU
+        if not st.laid_out:
+            if st.sink is not None:
+                st.sink.freeze()
+            st.laid_out = True
+            if self.capture:  # the step's outputs are already written; warm-up and capture rewrite the same
+                from .cuda_capture import capture_cuda_graph
+                st.graph = capture_cuda_graph(body, self.warmup)
+
+    def _topk_width(self, positions: torch.Tensor):
+        """The index-list width the eager path records: min(index_topk, widest live row's visible rows)."""
+        k = self.model.args.index_topk
+
+        def width(path: str) -> int:
+            r = self._topk_ratio.get(path)
+            return 0 if r is None else min(k, int(((positions + 1) // r).max()))
+        return width

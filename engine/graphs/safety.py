@@ -1,0 +1,36 @@
+"""Capture-safety proxy without a GPU: run the decode body on the meta device, where any host read fails."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .decode_body import decode_body
+from .static_inputs import DecodeInputs
+from .trace_buffers import TraceBuffers
+
+
+class CaptureUnsafeError(RuntimeError):
+    """The decode body read a device value on the host (or built a value-dependent shape): it cannot be captured."""
+
+
+def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=torch.bfloat16, options=None,
+                       trace: bool = True, body=decode_body) -> None:
+    """Build `args`' model, cache and static buffers on the meta device (no values anywhere) and run `body`
+    once. Meta tensors have shapes but no data, so `.item()`, `int(t)`, `.tolist()`, `.cpu()`, `.numpy()`,
+    `bool(t)`, a value-sized `nonzero` — each of which would sync a CUDA stream and break capture — raise
+    here; they become a CaptureUnsafeError naming the cause. A clean run is the CPU stand-in for "capturable".
+    """
+    from ..model import Transformer
+
+    token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
+    model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    cache = model.new_cache(batch + 1, max_seq_len)
+    inputs = DecodeInputs(model, batch, scratch_row=batch)
+    sink = TraceBuffers(f"{r.path}.attn" for r in args.roles[: args.n_layers]) if trace else None
+    try:
+        with torch.inference_mode():
+            body(model, cache, inputs, sink)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        raise CaptureUnsafeError(f"the decode body is not capture-safe: {type(e).__name__}: {e}") from e
+    if not inputs.logits.is_meta:
+        raise CaptureUnsafeError("the body's logits left the meta device")
