@@ -35,6 +35,10 @@ class GpuBenchResult:
     launches_triton: int | None = None
     decode_tokens_per_s_torch: float = 0.0
     decode_tokens_per_s_triton: float = 0.0
+    # decode steps through engine.graphs.GraphedDecoder: captured CUDA graphs on a GPU, eager replay on CPU
+    decode_tokens_per_s_graphs: float = 0.0
+    decode_tokens_per_s_triton_graphs: float = 0.0
+    graphs_captured: bool = False         # False: the graphed rows are eager replays (no CUDA)
     weight_bytes_per_step: int = 0        # parameters a batch-1 decode step reads (routed: k experts per layer)
     bandwidth_gb_s: float | None = None   # measured device-to-device copy bandwidth
     launch_overhead_us: float | None = None
@@ -56,6 +60,9 @@ class GpuBenchResult:
             out.append(f"  kernel launches per decode step: torch {self.launches_torch}, triton {self.launches_triton}")
         out.append(f"  decode tokens/s: torch {self.decode_tokens_per_s_torch:,.1f}, "
                    f"triton kernels {self.decode_tokens_per_s_triton:,.1f}")
+        how = "CUDA graphs" if self.graphs_captured else "static body, eager replay (no CUDA graphs here)"
+        out.append(f"  decode tokens/s with {how}: torch {self.decode_tokens_per_s_graphs:,.1f}, "
+                   f"triton kernels {self.decode_tokens_per_s_triton_graphs:,.1f}")
         if self.floor_ms is not None:
             out.append(f"  floor per step {self.floor_ms:.3f} ms = {self.weight_bytes_per_step / 1e6:,.1f} MB weights at "
                        f"{self.bandwidth_gb_s:,.0f} GB/s + launches × {self.launch_overhead_us:.1f} µs")
@@ -157,18 +164,29 @@ def count_launches(model, tokens: torch.Tensor, cache) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def decode_rate(model, batch: int, prompt_len: int, steps: int, device: torch.device):
-    """Greedy decode tokens/s (median step) after a prefill → (rate, the cache, the next tokens [B, 1])."""
-    cache = model.new_cache(batch, prompt_len + steps + 2)
+def decode_rate(model, batch: int, prompt_len: int, steps: int, device: torch.device, graphs: bool = False):
+    """Greedy decode tokens/s (median step) after a prefill → (rate, the cache, the next tokens [B, 1]).
+    graphs: decode through a GraphedDecoder (its first step, which captures, is one of the steps; the median
+    leaves it out once steps ≥ 3)."""
+    # with graphs, one extra cache row takes a bucket's padding rows
+    cache = model.new_cache(batch + 1 if graphs else batch, prompt_len + steps + 2)
+    step = model
+    if graphs:
+        from .graphs import GraphedDecoder
+        decoder = GraphedDecoder(model, cache, scratch_row=batch)
+        rows = list(range(batch))
+
+        def step(tokens, _cache):
+            return decoder.step(tokens, rows)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(3, model.args.vocab_size, (batch, prompt_len), generator=g).to(device)
     times = []
-    out = model(tokens, cache)
+    out = model(tokens, cache, rows=list(range(batch)))
     for _ in range(steps):
         tokens = out.argmax(-1, keepdim=True)
         _sync(device)
         t0 = time.perf_counter()
-        out = model(tokens, cache)
+        out = step(tokens, cache)
         _sync(device)
         times.append(time.perf_counter() - t0)
     return batch / statistics.median(times), cache, out.argmax(-1, keepdim=True)
@@ -235,7 +253,10 @@ def run_gpu_bench(args: ModelArgs, *, kernel_args: ModelArgs | None = None, devi
         rate_t, cache, nxt = decode_rate(model, batch, prompt_len, steps, dev)
         if dev.type == "cuda":
             result.launches_torch = count_launches(model, nxt, cache)
+        result.decode_tokens_per_s_graphs = decode_rate(model, batch, prompt_len, steps, dev, graphs=True)[0]
+        result.graphs_captured = dev.type == "cuda"
         apply_kernels(model, "triton")
+        result.decode_tokens_per_s_triton_graphs = decode_rate(model, batch, prompt_len, steps, dev, graphs=True)[0]
         rate_k, cache, nxt = decode_rate(model, batch, prompt_len, steps, dev)
         if dev.type == "cuda":
             result.launches_triton = count_launches(model, nxt, cache)
@@ -245,3 +266,23 @@ def run_gpu_bench(args: ModelArgs, *, kernel_args: ModelArgs | None = None, devi
             result.floor_ms = result.weight_bytes_per_step / (bw * 1e9) * 1e3 + launches * launch_us * 1e-3
         result.decode_tokens_per_s_torch, result.decode_tokens_per_s_triton = rate_t, rate_k
     return result
+
+
+def graph_decode_rates(args: ModelArgs, *, batch: int, prompt_len: int, steps: int, seed: int = 0,
+                       device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """`bench --cuda-graphs`: greedy decode tokens/s of one random-init model, plain forward vs GraphedDecoder
+    (captured CUDA graphs on a GPU; on the CPU an eager replay of the static body, so no speed-up is expected)."""
+    from .bench import bench_model
+
+    dev = torch.device(device)
+    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=steps + 2, repeats=1, seed=seed,
+                        device=device, dtype=dtype)
+    with torch.no_grad():
+        plain = decode_rate(model, batch, prompt_len, steps, dev)[0]
+        graphed = decode_rate(model, batch, prompt_len, steps, dev, graphs=True)[0]
+    return {"decode_tokens_per_s": plain, "decode_tokens_per_s_graphs": graphed, "captured": dev.type == "cuda"}
+
+
+def graph_rate_lines(rates: dict) -> list[str]:
+    how = "CUDA graphs" if rates["captured"] else "GraphedDecoder eager replay (no CUDA here)"
+    return [f"decode tokens/s: plain {rates['decode_tokens_per_s']:,.1f}, {how} {rates['decode_tokens_per_s_graphs']:,.1f}"]

@@ -72,9 +72,11 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] | None = None,
              stop_tokens: Sequence[int] = (EOS_ID,), on_token: OnToken | None = None, trace: Trace | None = None,
-             token_text: Callable[[int], str] | None = None) -> GenerationResult:
+             token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False) -> GenerationResult:
     """Generate up to max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
-    output does not depend on its batch companions. token_text labels tokens in the trace."""
+    output does not depend on its batch companions. token_text labels tokens in the trace. cuda_graphs:
+    decode steps go through an engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on
+    the CPU the same static body runs eagerly); prefill stays eager."""
     args = model.args
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -87,7 +89,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     stop = {int(t) for t in stop_tokens}
     text_of = token_text or (lambda t: "")
     max_len = min(args.max_seq_len, max(len(p) for p in prompts) + max_new_tokens)
-    cache = model.new_cache(n, max_len)
+    # with graphs, one extra cache row takes the padding rows of a batch bucket
+    cache = model.new_cache(n + 1 if cuda_graphs else n, max_len)
+    decoder = None
+    if cuda_graphs:
+        from .graphs import GraphedDecoder
+        decoder = GraphedDecoder(model, cache, scratch_row=n)
     result = GenerationResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
 
     # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
@@ -137,9 +144,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
         if not active:
             break
         # Decode: the last token of every unfinished row, each at its own position.
-        last = torch.tensor([[result.tokens[r][-1]] for r in active], device=device)  # [A, 1]
         t0 = time.perf_counter()
-        logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last")
+        if decoder is not None:
+            logits = decoder.step(torch.tensor([[result.tokens[r][-1]] for r in active]), active, trace)
+        else:
+            last = torch.tensor([[result.tokens[r][-1]] for r in active], device=device)  # [A, 1]
+            logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last")
         dt = _elapsed(t0, device)
         result.step_times.append(dt)
         result.decode_s += dt
@@ -227,6 +237,11 @@ class Engine:
                 user_cb(row, token, info)
 
         run = generate
+        if kwargs.pop("cuda_graphs", False):
+            if dspark is not None:
+                raise ValueError("cuda_graphs covers plain decode steps only; DSpark draft + verify steps are not "
+                                 "graphed yet: decode with either dspark or cuda_graphs")
+            kwargs["cuda_graphs"] = True
         if dspark is not None:
             from .dspark.speculative import generate_speculative as run
             kwargs["dspark"] = dspark

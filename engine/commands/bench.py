@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
                              "with and without kernels, and the bandwidth floor (CUDA; on CPU only under TRITON_INTERPRET=1)")
     parser.add_argument("--kernel-config", help="config whose widths the per-kernel timings use (default: --config)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="add decode tokens/s through CUDA graphs (engine.graphs; on the CPU an eager replay "
+                             "of the same static decode body) next to the plain forward")
     parser.add_argument("--dspark", action="store_true",
                         help="add DSpark on/off rows: tokens/s ratio, tokens per target forward, mean accepted length")
     parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
@@ -51,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
         gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
                             batch=args.batch, repeats=20, seed=args.seed)
+    graphs = None
+    if getattr(args, "cuda_graphs", False):
+        from ..bench_gpu import graph_decode_rates
+        graphs = graph_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
+                                    steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
     spec = None
     if getattr(args, "dspark", False):
         from ..dspark.bench import run_dspark_bench
@@ -59,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
                                 seed=args.seed, device=args.device)
     if args.json:
         out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
+        out = out if graphs is None else {**out, "cuda_graphs": graphs}
         print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
     else:
-        print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) + ([] if spec is None else spec.lines())))
+        from ..bench_gpu import graph_rate_lines
+        print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
+                        ([] if graphs is None else graph_rate_lines(graphs)) + ([] if spec is None else spec.lines())))
     return 0

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
                              "scheduler (Alg. 1) with this machine's profiled throughput table (default all)")
     parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay decode steps as CUDA graphs (one per batch bucket); on the CPU the same static "
+                             "decode body runs eagerly (same output, no speed-up). Not with --dspark")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         trace_format(args.trace)  # refuse an unknown suffix before any work
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+    if args.cuda_graphs and args.dspark:
+        raise ValueError("--cuda-graphs covers plain decode steps only (DSpark draft + verify steps are not graphed "
+                         "yet): drop --cuda-graphs or --dspark")
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
+              file=sys.stderr)
     engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
                          device=args.device)
     dspark = _dspark_config(args, engine.model) if args.dspark else None
@@ -79,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               trace=trace, on_text=show, dspark=dspark)
+                               trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs)
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "

@@ -29,11 +29,12 @@ class GraphedDecoder:
     `scratch_row`: a cache row no sequence uses (default: the cache's last row); padding rows of a bucket
     write there. A captured graph holds the addresses of the cache tensors and the weights as they were
     at capture: build a new GraphedDecoder after replacing weights or the cache (in-place updates and
-    cache.reset/rollback are fine).
+    cache.reset/rollback are fine). `min_bucket`: the smallest bucket used (e.g. 8 to capture one graph for
+    every batch up to 8 rows).
     """
 
     def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
-                 warmup: int = 2):
+                 warmup: int = 2, min_bucket: int = 1):
         self.model, self.cache = model, cache
         self.scratch_row = cache.batch_size - 1 if scratch_row is None else int(scratch_row)
         if not 0 <= self.scratch_row < cache.batch_size:
@@ -43,7 +44,7 @@ class GraphedDecoder:
         if self.capture and not cuda:
             raise ValueError(f"capture=True needs the model on a CUDA device, not {model.device}; "
                              "capture=False replays the same static body eagerly")
-        self.warmup = warmup
+        self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
@@ -70,7 +71,7 @@ class GraphedDecoder:
         cache.check_room(rows, 1)
         positions = cache.pos[rows].clone()                                           # [n]
         engram = model._engram_rows(tokens, None, cache, rows, positions.unsqueeze(1))
-        key = (bucket_for(n), None if trace is None else
+        key = (max(bucket_for(n), self.min_bucket), None if trace is None else
                frozenset(p for p in self.attention_paths if trace.wants_attention(p)))
         st = self._buckets.get(key)
         if st is None:

@@ -1,0 +1,237 @@
+"""CUDA-graph decode (engine/graphs): the static body equals eager decode, is sync-free, keeps the trace; real capture on CUDA."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import load_config
+from engine.generate import generate
+from engine.graphs import (CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe,
+                           decode_body)
+from engine.model.context import ForwardContext
+from engine.trace import FACT_KINDS, Trace, TraceBudget
+from model_helpers import TINY, random_tokens, tiny_model
+
+PROMPT_LENS = (3, 9, 6)   # rows at different positions; ratio-2 groups complete on alternate steps
+
+
+def _prefill(model, cache, prompts, trace=None):
+    last = []
+    for row, p in enumerate(prompts):
+        last.append(model(p.view(1, -1), cache, rows=[row], trace=trace).argmax(-1))
+    return torch.stack(last).view(-1, 1)                                     # [n, 1]
+
+
+def _prompts(seed=3):
+    toks = random_tokens(1, 40, seed=seed)[0]
+    return [toks[i:i + n] for i, n in enumerate(PROMPT_LENS)]
+
+
+def _batches(step: int) -> list[int]:
+    """Live rows per step: 3 rows (bucket 4, one padding row), 2 rows out of order, a single row."""
+    return [[0, 1, 2], [2, 0], [0, 1, 2], [1], [0, 1, 2]][step % 5]
+
+
+def _states_close(a: dict, b: dict, tol: float) -> float:
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for k in a:
+        assert a[k].shape == b[k].shape, k
+        if a[k].numel():
+            worst = max(worst, float((a[k].double() - b[k].double()).abs().max()))
+    assert worst <= tol, worst
+    return worst
+
+
+@pytest.mark.parametrize("bucket_rows", [None, 8])
+def test_static_body_decodes_like_eager_step_by_step(bucket_rows):
+    """≥ 24 steps crossing compression groups and the window ring's wrap; padded buckets; an idle row
+    (row 3, holding a sequence) and the scratch row (4) are the only other rows — the idle one must not change."""
+    model = tiny_model()
+    prompts = _prompts()
+    n = len(prompts)
+    eager, graphed = model.new_cache(n, 64), model.new_cache(n + 2, 64)
+    with torch.inference_mode():
+        nxt = _prefill(model, eager, prompts)
+        _prefill(model, graphed, prompts)
+        model(random_tokens(1, 5, seed=9), graphed, rows=[3])                 # the idle row's sequence
+        idle = {k: v.clone() for k, v in graphed.live_state(3).items()}
+        # min_bucket 8: one bucket, larger than the cache, for every batch (≥ 5 padding rows share the scratch row)
+        decoder = GraphedDecoder(model, graphed, scratch_row=4, min_bucket=bucket_rows or 1)
+        worst = 0.0
+        for step in range(24):
+            rows = _batches(step)
+            tokens = nxt[rows]
+            got = decoder.step(tokens, rows)
+            want = model(tokens, eager, rows=rows)
+            assert got.shape == want.shape and got.dtype == torch.float64
+            worst = max(worst, float((got - want).abs().max()))
+            nxt[rows] = want.argmax(-1, keepdim=True)
+    assert worst <= 1e-9, worst
+    assert int(eager.pos.max()) > eager.window_slots                       # the ring wrapped
+    assert torch.equal(eager.pos, graphed.pos[:n])
+    for r in range(n):
+        _states_close(eager.live_state(r), graphed.live_state(r), 1e-12)
+    after = graphed.live_state(3)
+    assert all(torch.equal(idle[k], after[k]) for k in idle), "a padding row wrote into another sequence's row"
+    assert int(graphed.pos[4]) == 0                                         # the scratch row holds no sequence
+    assert sorted({b for b, _ in decoder._buckets}) == ([1, 2, 4] if bucket_rows is None else [8])
+
+
+def test_buckets_are_powers_of_two_and_padding_points_at_the_scratch_row():
+    assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+    with pytest.raises(ValueError, match="at least one row"):
+        bucket_for(0)
+    model = tiny_model()
+    inputs = DecodeInputs(model, 4, scratch_row=7)
+    a = model.args
+    ids = torch.arange(2 * len(a.engram_layer_ids) * a.engram_n_columns).view(2, 1, len(a.engram_layer_ids), -1)
+    inputs.fill(torch.tensor([[11], [12]]), torch.tensor([5, 9]), torch.tensor([1, 0]), (ids, torch.tensor([[3], [4]])))
+    assert inputs.tokens.flatten().tolist() == [11, 12, 0, 0]
+    assert inputs.positions.flatten().tolist() == [5, 9, 0, 0]
+    assert inputs.rows.tolist() == [1, 0, 7, 7]
+    assert inputs.compressed.flatten().tolist() == [3, 4, 0, 0]
+    assert torch.equal(inputs.engram_ids[:2], ids) and not inputs.engram_ids[2:].any()
+    with pytest.raises(ValueError, match="does not fit the 4-row bucket"):
+        inputs.fill(torch.zeros(5, 1, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+                    torch.arange(5), (torch.zeros(5, 1, *ids.shape[2:], dtype=torch.long), torch.zeros(5, 1)))
+
+
+def test_decoder_refuses_misuse_clearly():
+    model = tiny_model()
+    cache = model.new_cache(3, 32)
+    with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
+        GraphedDecoder(model, cache, capture=True)
+    with pytest.raises(ValueError, match="scratch_row 5 outside"):
+        GraphedDecoder(model, cache, scratch_row=5)
+    decoder = GraphedDecoder(model, cache)  # scratch row: 2
+    with pytest.raises(RuntimeError, match="no_grad"):
+        decoder.step(torch.tensor([[1]]), [0])
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="scratch row"):
+            decoder.step(torch.tensor([[1], [2]]), [0, 2])
+        with pytest.raises(ValueError, match="beyond the cache limit"):
+            cache.pos[0] = 32
+            decoder.step(torch.tensor([[1]]), [0])
+
+
+def test_meta_proxy_passes_the_static_body():
+    args = load_config(TINY)
+    check_capture_safe(args, batch=2)
+    check_capture_safe(args, batch=4, trace=False, dtype=torch.float32)
+
+
+def _eager_layers_body(model, cache, inputs, trace=None):
+    """The same layers with static shapes off: ForwardContext.width reads the positions back to the host."""
+    ctx = ForwardContext(cache=cache, rows=inputs.rows, start=inputs.positions[:, 0], n_tokens=1,
+                         positions=inputs.positions, options=model.options, trace=trace)
+    model.run_layers(inputs.tokens, ctx, (inputs.engram_ids, inputs.compressed), "last")
+
+
+def _item_body(model, cache, inputs, trace=None):
+    decode_body(model, cache, inputs, trace)
+    int(inputs.logits.argmax())                                              # a deliberate host sync
+
+
+def _numpy_body(model, cache, inputs, trace=None):
+    decode_body(model, cache, inputs, trace)
+    inputs.logits.cpu().numpy()
+
+
+@pytest.mark.parametrize("body, cause", [(_eager_layers_body, "meta"), (_item_body, "meta"), (_numpy_body, "meta")])
+def test_meta_proxy_catches_a_host_sync(body, cause):
+    """The proxy is not vacuous: the eager layer path (which sizes widths from positions) and bodies that
+    read a value back all fail it."""
+    with pytest.raises(CaptureUnsafeError, match=cause):
+        check_capture_safe(load_config(TINY), batch=2, body=body)
+
+
+def _fact_lists(trace: Trace):
+    return {kind: trace.facts(kind) for kind in FACT_KINDS}
+
+
+def test_trace_after_eager_replay_equals_the_eager_trace():
+    """moe, mhc, engram and attention records of graphed decode steps equal the eager path's (ints exactly,
+    floats to float32 rounding), including the top-k lists while fewer rows than index_topk are visible."""
+    model = tiny_model()
+    toks = random_tokens(1, 40, seed=5)[0]
+    prompts = [toks[:2], toks[5:8]]                                         # short: early steps see < topk rows
+    traces, logits = [], []
+    for graphs in (False, True):
+        trace = Trace(TraceBudget(max_tokens=None, attention=True))
+        cache = model.new_cache(3 if graphs else 2, 32)
+        decoder = GraphedDecoder(model, cache) if graphs else None
+        out = []
+        with torch.inference_mode():
+            nxt = _prefill(model, cache, prompts, trace)
+            for step in range(10):
+                rows = [0, 1] if step % 3 else [1]
+                if graphs:
+                    lg = decoder.step(nxt[rows], rows, trace)
+                else:
+                    lg = model(nxt[rows], cache, rows=rows, trace=trace)
+                nxt[rows] = lg.argmax(-1, keepdim=True)
+                out.append(lg)
+        traces.append(_fact_lists(trace))
+        logits.append(torch.cat(out))
+    assert float((logits[0] - logits[1]).abs().max()) <= 1e-9
+    eager, graphed = traces
+    for kind in FACT_KINDS:
+        assert len(eager[kind]) == len(graphed[kind]) > 0, kind
+        for (p1, s1, r1, q1, v1), (p2, s2, r2, q2, v2) in zip(eager[kind], graphed[kind]):
+            assert (p1, s1, r1, q1) == (p2, s2, r2, q2)
+            for a, b in zip(v1, v2, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype, (kind, p1, a.shape, b.shape)
+                if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
+                    assert np.array_equal(a, b), (kind, p1, a, b)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"{kind} {p1}")
+    short = [v[0] for p, _, _, q, v in graphed["attention"] if p == "layers.2.attn" and q < 6]
+    assert short and min(t.shape[-1] for t in short) < model.args.index_topk  # the trimmed widths were exercised
+
+
+def test_generate_with_graphs_matches_plain_generate():
+    model = tiny_model()
+    prompts = [[0, 5, 9, 200], [0, 7], [0, 1000, 3, 4, 5, 6]]
+    plain = generate(model, prompts, max_new_tokens=12, stop_tokens=())
+    trace = Trace(TraceBudget(max_tokens=None))
+    graphed = generate(model, prompts, max_new_tokens=12, stop_tokens=(), cuda_graphs=True, trace=trace)
+    assert graphed.tokens == plain.tokens and graphed.finish_reasons == plain.finish_reasons
+    assert len(graphed.step_times) == 11
+    assert trace.fact("moe", "layers.9.ffn", 2, len(prompts[2]) + 5) is not None
+
+
+def test_engine_refuses_graphs_with_dspark():
+    from engine.generate import Engine
+    engine = Engine.load("tiny-v4.1", seed=0)
+    with pytest.raises(ValueError, match="DSpark draft \\+ verify steps are not graphed"):
+        engine.generate_text("hi", max_new_tokens=2, dspark=object(), cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: captures and replays real torch.cuda graphs "
+                                                          "(run by scripts/gpu_check.sh on a GPU)")
+def test_cuda_graph_capture_and_replay_match_eager():
+    torch.manual_seed(0)
+    model = tiny_model(dtype=torch.float32).cuda()
+    prompts = [p.cuda() for p in _prompts()]
+    n = len(prompts)
+    eager, graphed = model.new_cache(n, 64), model.new_cache(n + 1, 64)
+    with torch.inference_mode():
+        nxt = _prefill(model, eager, prompts)
+        _prefill(model, graphed, prompts)
+        decoder = GraphedDecoder(model, graphed)
+        assert decoder.capture
+        trace_e, trace_g = Trace(TraceBudget(max_tokens=None)), Trace(TraceBudget(max_tokens=None))
+        for step in range(20):
+            rows = _batches(step)
+            want = model(nxt[rows], eager, rows=rows, trace=trace_e)
+            got = decoder.step(nxt[rows].cpu(), rows, trace_g)
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+            nxt[rows] = want.argmax(-1, keepdim=True)
+    assert decoder.captured == [1, 2, 4]
+    for r in range(n):
+        _states_close(eager.live_state(r), graphed.live_state(r), 1e-2)
+    ids_e = [v[0] for *_, v in trace_e.facts("moe")]
+    ids_g = [v[0] for *_, v in trace_g.facts("moe")]
+    assert len(ids_e) == len(ids_g) and sum(np.array_equal(a, b) for a, b in zip(ids_e, ids_g)) >= 0.95 * len(ids_e)
