@@ -151,6 +151,19 @@ def _fact_lists(trace: Trace):
     return {kind: trace.facts(kind) for kind in FACT_KINDS}
 
 
+def _assert_same_facts(eager: dict, graphed: dict) -> None:
+    for kind in FACT_KINDS:
+        assert len(eager[kind]) == len(graphed[kind]) > 0, kind
+        for (p1, s1, r1, q1, v1), (p2, s2, r2, q2, v2) in zip(eager[kind], graphed[kind]):
+            assert (p1, s1, r1, q1) == (p2, s2, r2, q2)
+            for a, b in zip(v1, v2, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype, (kind, p1, a.shape, b.shape)
+                if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
+                    assert np.array_equal(a, b), (kind, p1, a, b)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"{kind} {p1}")
+
+
 def test_trace_after_eager_replay_equals_the_eager_trace():
     """moe, mhc, engram and attention records of graphed decode steps equal the eager path's (ints exactly,
     floats to float32 rounding), including the top-k lists while fewer rows than index_topk are visible."""
@@ -177,18 +190,45 @@ def test_trace_after_eager_replay_equals_the_eager_trace():
         logits.append(torch.cat(out))
     assert float((logits[0] - logits[1]).abs().max()) <= 1e-9
     eager, graphed = traces
-    for kind in FACT_KINDS:
-        assert len(eager[kind]) == len(graphed[kind]) > 0, kind
-        for (p1, s1, r1, q1, v1), (p2, s2, r2, q2, v2) in zip(eager[kind], graphed[kind]):
-            assert (p1, s1, r1, q1) == (p2, s2, r2, q2)
-            for a, b in zip(v1, v2, strict=True):
-                assert a.shape == b.shape and a.dtype == b.dtype, (kind, p1, a.shape, b.shape)
-                if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
-                    assert np.array_equal(a, b), (kind, p1, a, b)
-                else:
-                    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"{kind} {p1}")
+    _assert_same_facts(eager, graphed)
     short = [v[0] for p, _, _, q, v in graphed["attention"] if p == "layers.2.attn" and q < 6]
     assert short and min(t.shape[-1] for t in short) < model.args.index_topk  # the trimmed widths were exercised
+
+
+def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
+    """The DSpark verify shape: anchor + γ drafts per row in one fixed-width step (logits "all", taps), then
+    each row rolled back to a random accepted prefix — 8 rounds, rows at different positions, a padded bucket."""
+    model = tiny_model()
+    S = model.args.dspark_block_size + 1
+    prompts = _prompts(seed=7)
+    n = len(prompts)
+    gen = torch.Generator().manual_seed(0)
+    eager, graphed = model.new_cache(n, 64), model.new_cache(n + 1, 64)
+    trace_e, trace_g = (Trace(TraceBudget(max_tokens=None, attention=True)) for _ in range(2))
+    decoder = GraphedDecoder(model, graphed, tokens_per_row=S, logits="all", return_taps=True)
+    worst = 0.0
+    with torch.inference_mode():
+        _prefill(model, eager, prompts, trace_e)
+        _prefill(model, graphed, prompts, trace_g)
+        for step in range(8):
+            rows = [[0, 1, 2], [2, 1], [1]][step % 3]
+            block = torch.randint(0, model.args.vocab_size, (len(rows), S), generator=gen)
+            anchor = eager.pos[rows].clone()
+            want, want_taps = model(block, eager, rows=rows, logits="all", return_taps=True, trace=trace_e)
+            got, got_taps = decoder.step(block, rows, trace_g)
+            assert got.shape == want.shape == (len(rows), S, model.args.vocab_size)
+            worst = max(worst, float((got - want).abs().max()), float((got_taps - want_taps).abs().max()))
+            keep = anchor + 1 + torch.randint(0, S, (len(rows),), generator=gen)   # anchor + accepted drafts
+            for cache, trace in ((eager, trace_e), (graphed, trace_g)):
+                cache.rollback(keep, rows)
+                for r, k in zip(rows, keep.tolist()):
+                    trace.rollback(r, k)
+    assert worst <= 1e-9, worst
+    assert int(eager.pos.max()) > eager.window_slots
+    for r in range(n):
+        _states_close(eager.live_state(r), graphed.live_state(r), 1e-12)
+    _assert_same_facts(_fact_lists(trace_e), _fact_lists(trace_g))
+    check_capture_safe(model.args, batch=2, n_tokens=S, logits="all", taps=True)
 
 
 def test_generate_with_graphs_matches_plain_generate():

@@ -1,4 +1,4 @@
-"""GraphedDecoder: single-token decode steps replayed from one CUDA graph per batch bucket (eager replay on CPU)."""
+"""GraphedDecoder: decode (or fixed-width verify) steps replayed from one CUDA graph per batch bucket (eager on CPU)."""
 from __future__ import annotations
 
 import torch
@@ -31,10 +31,15 @@ class GraphedDecoder:
     at capture: build a new GraphedDecoder after replacing weights or the cache (in-place updates and
     cache.reset/rollback are fine). `min_bucket`: the smallest bucket used (e.g. 8 to capture one graph for
     every batch up to 8 rows).
+
+    `tokens_per_row` S > 1 makes each step a fixed-width block per row — the shape of a DSpark verify
+    forward (anchor + γ drafts) — with logits "all" ([n, S, V]) and, with return_taps, the drafter's
+    taps [n, S, n_taps·dim]; the caller rolls the cache back to the accepted prefix as in eager decoding.
     """
 
     def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
-                 warmup: int = 2, min_bucket: int = 1):
+                 warmup: int = 2, min_bucket: int = 1, tokens_per_row: int = 1, logits: str = "last",
+                 return_taps: bool = False):
         self.model, self.cache = model, cache
         self.scratch_row = cache.batch_size - 1 if scratch_row is None else int(scratch_row)
         if not 0 <= self.scratch_row < cache.batch_size:
@@ -45,6 +50,13 @@ class GraphedDecoder:
             raise ValueError(f"capture=True needs the model on a CUDA device, not {model.device}; "
                              "capture=False replays the same static body eagerly")
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
+        if tokens_per_row < 1:
+            raise ValueError(f"tokens_per_row must be at least 1, got {tokens_per_row}")
+        if model.options.bounded_replay and tokens_per_row > model.args.window_size:
+            raise ValueError("bounded_replay slices blocks longer than the window: use tokens_per_row ≤ window_size")
+        if logits not in ("last", "all"):
+            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+        self.tokens_per_row, self.logits_mode, self.return_taps = tokens_per_row, logits, return_taps
         self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
@@ -56,34 +68,37 @@ class GraphedDecoder:
         """Bucket sizes that replay a captured CUDA graph."""
         return sorted({b for (b, _), st in self._buckets.items() if st.graph is not None})
 
-    def step(self, tokens, rows, trace=None) -> torch.Tensor:
-        """tokens [n, 1] (or [n]) next token of each sequence, rows [n] their cache rows → logits [n, V]
-        (a fresh tensor). Each row's token goes at its cache.pos, which then advances by one."""
+    def step(self, tokens, rows, trace=None):
+        """tokens [n, S] (or [n] when S = 1) next tokens of each sequence, rows [n] their cache rows →
+        logits [n, V] ("last") or [n, S, V] ("all"), fresh tensors; with return_taps (logits, taps). Each
+        row's tokens go at cache.pos onwards, which then advances by S."""
         if torch.is_grad_enabled():
             raise RuntimeError("GraphedDecoder.step runs under torch.no_grad() or torch.inference_mode()")
         cache, model = self.cache, self.model
-        tokens = model._check_tokens(torch.as_tensor(tokens).reshape(-1, 1)).cpu()   # [n, 1]
+        S = self.tokens_per_row
+        tokens = model._check_tokens(torch.as_tensor(tokens).reshape(-1, S)).cpu()   # [n, S]
         n = tokens.size(0)
         rows = cache.resolve_rows(rows, n)
         if (rows == self.scratch_row).any():
             raise ValueError(f"cache row {self.scratch_row} is the decoder's scratch row (padding writes "
                              "there): give the sequences other rows, or a cache with one more row")
-        cache.check_room(rows, 1)
-        positions = cache.pos[rows].clone()                                           # [n]
-        engram = model._engram_rows(tokens, None, cache, rows, positions.unsqueeze(1))
+        cache.check_room(rows, S)
+        start = cache.pos[rows].clone()                                               # [n]
+        positions = start.unsqueeze(1) + torch.arange(S)                              # [n, S]
+        engram = model._engram_rows(tokens, None, cache, rows, positions)
         key = (max(bucket_for(n), self.min_bucket), None if trace is None else
                frozenset(p for p in self.attention_paths if trace.wants_attention(p)))
         st = self._buckets.get(key)
         if st is None:
-            st = self._buckets[key] = _Bucket(DecodeInputs(model, key[0], self.scratch_row),
-                                              None if trace is None else TraceBuffers(key[1]))
-        st.inputs.fill(tokens, positions, rows, engram)
+            inputs = DecodeInputs(model, key[0], self.scratch_row, S, self.logits_mode, self.return_taps)
+            st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(key[1]))
+        st.inputs.fill(tokens, start, rows, engram)
         self._run(st)
-        cache.advance(rows, 1)
+        cache.advance(rows, S)
         if trace is not None:
-            width = self._topk_width(positions)
-            st.sink.emit(trace, rows, positions.unsqueeze(1), n, width)
-        return st.inputs.logits[:n].clone()
+            st.sink.emit(trace, rows, positions, n, self._topk_width(positions))
+        logits = st.inputs.logits[:n].clone()
+        return (logits, st.inputs.taps[:n].clone()) if self.return_taps else logits
 
     def _run(self, st: _Bucket) -> None:
         def body():
@@ -102,7 +117,8 @@ class GraphedDecoder:
                 st.graph = capture_cuda_graph(body, self.warmup)
 
     def _topk_width(self, positions: torch.Tensor):
-        """The index-list width the eager path records: min(index_topk, widest live row's visible rows)."""
+        """The index-list width the eager path records: min(index_topk, the live rows' widest visible count)
+        (positions [n, S])."""
         k = self.model.args.index_topk
 
         def width(path: str) -> int:

@@ -14,18 +14,20 @@ class CaptureUnsafeError(RuntimeError):
 
 
 def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=torch.bfloat16, options=None,
-                       trace: bool = True, body=decode_body) -> None:
+                       trace: bool = True, body=decode_body, n_tokens: int = 1, logits: str = "last",
+                       taps: bool = False) -> None:
     """Build `args`' model, cache and static buffers on the meta device (no values anywhere) and run `body`
     once. Meta tensors have shapes but no data, so `.item()`, `int(t)`, `.tolist()`, `.cpu()`, `.numpy()`,
     `bool(t)`, a value-sized `nonzero` — each of which would sync a CUDA stream and break capture — raise
     here; they become a CaptureUnsafeError naming the cause. A clean run is the CPU stand-in for "capturable".
+    n_tokens / logits / taps: the step's shape (a DSpark verify block: n_tokens = γ + 1, "all", taps).
     """
     from ..model import Transformer
 
     token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
     model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
     cache = model.new_cache(batch + 1, max_seq_len)
-    inputs = DecodeInputs(model, batch, scratch_row=batch)
+    inputs = DecodeInputs(model, batch, scratch_row=batch, n_tokens=n_tokens, logits=logits, taps=taps)
     sink = TraceBuffers(f"{r.path}.attn" for r in args.roles[: args.n_layers]) if trace else None
     try:
         with torch.inference_mode():

@@ -78,7 +78,7 @@ class TraceBuffers:
 
     def emit(self, trace, rows: torch.Tensor, positions: torch.Tensor, n: int, topk_width=None) -> None:
         """Hand the last step's records of the first n (live) rows to `trace`, in the order the body made
-        them: rows [n], positions [n, 1] on the CPU. topk_width(path) → how many index entries the eager
+        them: rows [n], positions [n, S] on the CPU. topk_width(path) → how many index entries the eager
         path would have listed (the static list pads its end with −1 up to index_topk)."""
         if not self.frozen:
             raise RuntimeError("TraceBuffers.emit before freeze(): no layout yet")
