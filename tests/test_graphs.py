@@ -275,3 +275,34 @@ def test_cuda_graph_capture_and_replay_match_eager():
     ids_e = [v[0] for *_, v in trace_e.facts("moe")]
     ids_g = [v[0] for *_, v in trace_g.facts("moe")]
     assert len(ids_e) == len(ids_g) and sum(np.array_equal(a, b) for a, b in zip(ids_e, ids_g)) >= 0.95 * len(ids_e)
+
+
+def test_cli_generate_with_cuda_graphs_writes_the_same_text_and_trace(tmp_path, capsys):
+    from engine.cli import main
+    base = ["generate", "--config", "tiny-v4.1", "--random-init", "--seed", "4", "--prompt", "The cat",
+            "--max-new-tokens", "6"]
+    assert main(base + ["--trace", str(tmp_path / "plain.safetensors")]) == 0
+    plain = capsys.readouterr().out
+    assert main(base + ["--cuda-graphs", "--trace", str(tmp_path / "graphs.safetensors")]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain and "static decode body runs eagerly" in err
+    a, b = Trace.load(tmp_path / "plain.safetensors"), Trace.load(tmp_path / "graphs.safetensors")
+    assert [t.token_id for t in a.tokens(0)] == [t.token_id for t in b.tokens(0)]
+    ids = [(p, q, v[0].tolist()) for p, _, _, q, v in a.facts("moe")]
+    assert ids == [(p, q, v[0].tolist()) for p, _, _, q, v in b.facts("moe")] and len(ids) > 10 * 6
+
+
+def test_cli_refuses_cuda_graphs_with_dspark(capsys):
+    from engine.cli import main
+    assert main(["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "x", "--dspark",
+                 "--cuda-graphs"]) == 2
+    assert "--cuda-graphs covers plain decode steps only" in capsys.readouterr().err
+
+
+def test_cli_bench_reports_graphed_decode(capsys):
+    from engine.cli import main
+    assert main(["bench", "--config", "tiny-v4.1", "--prompt-len", "4", "--new-tokens", "4", "--repeats", "1",
+                 "--threads", "1", "--cuda-graphs", "--json"]) == 0
+    import json
+    rates = json.loads(capsys.readouterr().out)["cuda_graphs"]
+    assert rates["captured"] is False and rates["decode_tokens_per_s"] > 0 and rates["decode_tokens_per_s_graphs"] > 0
