@@ -17,6 +17,10 @@ def capture_cuda_graph(body, warmup: int = 2) -> "torch.cuda.CUDAGraph":
             body()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    try:
+        with torch.cuda.graph(graph):
+            body()
+    except RuntimeError as e:  # typically "operation not permitted when stream is capturing": a host sync
+        raise RuntimeError(f"CUDA graph capture of the decode body failed ({e}); a host read has likely crept "
+                           "into the body: engine.graphs.check_capture_safe(args) names it on the CPU") from e
     return graph
