@@ -151,20 +151,23 @@ def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path
         raise CheckpointError(f"{where} does not fit the model: " + "; ".join(problems))
 
 
-def load_weights(model: torch.nn.Module, path: str | Path) -> dict[str, Any]:
+def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> dict[str, Any]:
     """Check every tensor against model.state_dict(), then copy them in (cast to the model's dtype).
-    Nothing is modified unless the whole checkpoint fits. Returns the file metadata."""
+    Nothing is modified unless the whole checkpoint fits. prefix: only the tensors whose names start with
+    it, on both sides (e.g. "mtp." to take another checkpoint's drafter). Returns the file metadata."""
     from safetensors import safe_open
     files = checkpoint_files(path)
-    found = read_header(files)
-    state = model.state_dict()
-    check_against(state, found, str(path))
+    found = {n: v for n, v in read_header(files).items() if n.startswith(prefix)}
+    state = {n: t for n, t in model.state_dict().items() if n.startswith(prefix)}
+    if prefix and not state:
+        raise CheckpointError(f"the model has no tensors named '{prefix}*' to load from {path}")
+    check_against(state, found, f"{path} ('{prefix}*' tensors)" if prefix else str(path))
     metadata: dict[str, Any] = {}
     with torch.no_grad():
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 metadata.update(f.metadata() or {})
-                for name in f.keys():
+                for name in (n for n in f.keys() if n.startswith(prefix)):
                     target = state[name]
                     target.copy_(f.get_tensor(name).to(device=target.device, dtype=target.dtype))
     return metadata

@@ -110,14 +110,22 @@ def test_router_bias_selects_but_does_not_weight(model):
     assert (ids_v[[0, 2]] == 3).any(-1).all() and torch.equal(ids_v[[1, 3, 4]], ids0[[1, 3, 4]])
 
 
-def test_moe_decode_gather_path_equals_sorted_prefill_path(model):
+def test_moe_gathered_and_dense_paths_equal_sorted_prefill_path(model):
     moe: MoE = model.layers[5].ffn
     x = torch.randn(1, 3, model.args.dim, dtype=torch.float64)
+    assert moe.dense_ok  # a tiny model's experts are small enough to run densely
     with torch.no_grad():
         w, ids, _ = moe.gate(x.view(-1, x.size(-1)))
         a = moe._gathered(x.view(-1, x.size(-1)), w, ids)
         b = moe._sorted(x.view(-1, x.size(-1)), w, ids)
+        c = moe._dense_all(x.view(-1, x.size(-1)), w, ids)
     torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(c, b, atol=1e-12, rtol=1e-12)
+    with torch.no_grad():  # changing an expert's weight in place rebuilds the dense matrices
+        moe.experts[int(ids[0, 0])].w2.weight.mul_(2)
+        torch.testing.assert_close(moe._dense_all(x.view(-1, x.size(-1)), w, ids),
+                                   moe._sorted(x.view(-1, x.size(-1)), w, ids), atol=1e-12, rtol=1e-12)
+        moe.experts[int(ids[0, 0])].w2.weight.div_(2)                       # exact: the module fixture is shared
     for t in range(3):   # the definition: Σ_j expert_j(x) · w_j (weight applied before w2)
         want = sum(moe.experts[int(ids[t, j])](x[:, t], w[t, j]) for j in range(ids.size(1)))
         torch.testing.assert_close(a[t], want[0], atol=1e-12, rtol=1e-12)

@@ -139,3 +139,37 @@ def test_bad_input_is_refused(backbone_dir, tmp_path):
     assert "train_drafter" in build_parser().format_help()
     assert freeze_backbone(model)[2]                    # names of trained parameters: the drafter's only
     assert all(n.startswith("mtp.") for n in freeze_backbone(model)[2].values())
+
+
+def test_distillation_term_is_the_cross_entropy_against_the_target_distribution(backbone_dir):
+    model = load_backbone(backbone_dir)
+    probe = torch.from_numpy(STREAM[3:3 + 13].astype(np.int64)).unsqueeze(0)            # [1, T]
+    with torch.no_grad():
+        plain = drafter_loss(model, probe, 1.0)
+        both = drafter_loss(model, probe, 1.0, distill_weight=0.5)
+        target_logits, taps = model(probe, logits="all", return_taps=True)               # [1, T, V]
+    from engine.dspark.teacher_forced import draft_teacher_forced
+    T, gamma = probe.size(1), model.args.dspark_block_size
+    anchors = torch.arange(1, T)
+    with torch.no_grad():
+        out = draft_teacher_forced(model, probe[0], taps[0], anchors)
+    valid = out.targets >= 0                                                             # [N, γ]
+    where = (anchors.unsqueeze(1) + torch.arange(gamma)).clamp_max(T - 1)              # [N, γ]
+    soft = torch.softmax(target_logits[0][where][valid], -1)
+    want = -(soft * torch.log_softmax(out.logits[valid].float(), -1)).sum(-1).mean()
+    assert float(plain.distill) == 0.0
+    assert float(both.distill) == pytest.approx(float(want), rel=1e-5)
+    assert float(both.loss) == pytest.approx(float(plain.loss) + 0.5 * float(want), rel=1e-5)
+
+
+def test_init_drafter_takes_only_the_mtp_tensors(trained, backbone_dir, tmp_path):
+    from engine.checkpoint import save_checkpoint, load_weights
+    donor = trained["trainer"].model
+    save_checkpoint(donor, tmp_path / "donor", args=donor.args)
+    fresh = load_backbone(backbone_dir)
+    load_weights(fresh, tmp_path / "donor", prefix="mtp.")
+    mine, theirs, untouched = fresh.state_dict(), donor.state_dict(), load_backbone(backbone_dir).state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine if k.startswith("mtp."))
+    assert all(torch.equal(mine[k], untouched[k]) for k in mine if not k.startswith("mtp."))
+    with pytest.raises(Exception, match="no tensors named 'nope\\.\\*'"):
+        load_weights(fresh, tmp_path / "donor", prefix="nope.")

@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser, d, seq_help="tokens per sequence, each an anchor")
     parser.add_argument("--confidence-weight", type=float, default=d.confidence_weight,
                         help=f"weight of the confidence head's BCE (default {d.confidence_weight})")
+    parser.add_argument("--distill-weight", type=float, default=d.distill_weight,
+                        help="weight of the cross-entropy against the frozen target's next-token distribution, "
+                             f"0 = real tokens only (default {d.distill_weight})")
+    parser.add_argument("--init-drafter", metavar="CKPT",
+                        help="start from the drafter (mtp.* tensors) of another checkpoint of the same config, e.g. "
+                             "one trained on an earlier snapshot of the backbone (default: the checkpoint's own)")
     add_run_arguments(parser, d, resume_help="continue the drafter run saved in --out",
                       export_help="after training, write the shippable bf16 checkpoint (backbone + trained "
                                   "drafter, config.json, id_map.json, log.csv, drafter_log.csv) to DIR")
@@ -34,8 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     apply_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
+    if args.init_drafter:
+        if args.resume:
+            raise ValueError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
+        from ..checkpoint import load_weights
+        load_weights(engine.model, args.init_drafter, prefix="mtp.")
     cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                              warmup=args.warmup, confidence_weight=args.confidence_weight,
+                             distill_weight=args.distill_weight,
                              save_every=args.save_every, seed=args.seed)
     ckpt = Path(args.checkpoint)
     ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent

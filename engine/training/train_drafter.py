@@ -19,7 +19,7 @@ from .vocab import ID_MAP_NAME
 
 STATE_FORMAT = "v41viz-train-drafter/1"
 LOG_NAME = "drafter_log.csv"
-COLUMNS = ("step", "loss", "ce", "confidence_loss", "predicted_acceptance", "target_acceptance", "lr", "step_s",
+COLUMNS = ("step", "loss", "ce", "distill", "confidence_loss", "predicted_acceptance", "target_acceptance", "lr", "step_s",
            "elapsed_s")
 
 
@@ -34,6 +34,10 @@ class DrafterTrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     confidence_weight: float = 1.0    # weight of the confidence head's BCE next to the block cross-entropy
+    # weight of the distillation term: cross-entropy of the draft against the frozen target's own next-token
+    # distribution at the same position. Acceptance compares the draft with the target, not with the data,
+    # so matching the target's distribution is what raises the accepted length.
+    distill_weight: float = 1.0
     save_every: int = 100
     seed: int = 0
 
@@ -43,16 +47,18 @@ class DrafterTrainConfig:
                 raise ValueError(f"DrafterTrainConfig.{key} must be at least 1, got {getattr(self, key)}")
         if self.seq < 2:
             raise ValueError(f"DrafterTrainConfig.seq must be at least 2 (an anchor needs features before it)")
-        if self.confidence_weight < 0:
-            raise ValueError(f"DrafterTrainConfig.confidence_weight must be >= 0, got {self.confidence_weight}")
+        for key in ("confidence_weight", "distill_weight"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"DrafterTrainConfig.{key} must be >= 0, got {getattr(self, key)}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need 0 <= min_lr ({self.min_lr}) <= lr ({self.lr})")
 
 
 @dataclass
 class DrafterLoss:
-    loss: torch.Tensor                # ce + confidence_weight · bce (differentiable)
-    ce: torch.Tensor                  # block cross-entropy of the Markov-corrected draft logits
+    loss: torch.Tensor                # ce + distill_weight · distill + confidence_weight · bce (differentiable)
+    ce: torch.Tensor                  # block cross-entropy of the Markov-corrected draft logits (real tokens)
+    distill: torch.Tensor             # cross-entropy of the draft against the target's distribution
     confidence_loss: torch.Tensor     # BCE of the confidence logits against the analytical acceptance
     predicted: float                  # mean sigmoid(z_k) over valid draft positions
     target: float                     # mean analytical acceptance 1 − ½‖p_draft − p_target‖₁
@@ -83,7 +89,7 @@ def acceptance_target(draft_logits: torch.Tensor, target_logits: torch.Tensor) -
     return 1.0 - 0.5 * (p_draft - p_target).abs().sum(-1)
 
 
-def drafter_loss(model, batch: torch.Tensor, confidence_weight: float) -> DrafterLoss:
+def drafter_loss(model, batch: torch.Tensor, confidence_weight: float, distill_weight: float = 0.0) -> DrafterLoss:
     """batch [B, T] token windows. The frozen backbone runs once without grad for its taps and logits; the
     drafter then runs teacher-forced with every position 1..T−1 of each window as an anchor."""
     B, T = batch.shape
@@ -91,22 +97,27 @@ def drafter_loss(model, batch: torch.Tensor, confidence_weight: float) -> Drafte
     with torch.no_grad():
         target_logits, taps = model(batch.to(model.device), logits="all", return_taps=True)  # [B, T, V], [B, T, n·dim]
     anchors = torch.arange(1, T)
-    ce_sum, bce_sum, count, pred_sum, tgt_sum = 0.0, 0.0, 0, 0.0, 0.0
+    ce_sum, kd_sum, bce_sum, count, pred_sum, tgt_sum = 0.0, 0.0, 0.0, 0, 0.0, 0.0
     for b in range(B):
         out = draft_teacher_forced(model, batch[b], taps[b], anchors)
         valid = (out.targets >= 0).to(out.logits.device)                     # [N, γ]
         # draft k of anchor a predicts position a+1+k, which the backbone predicts from position a+k
         where = (anchors.unsqueeze(1) + torch.arange(gamma)).clamp_max(T - 1).to(target_logits.device)  # [N, γ]
-        tgt = acceptance_target(out.logits, target_logits[b][where])          # [N, γ]
+        teacher = target_logits[b][where]                                     # [N, γ, V]
+        tgt = acceptance_target(out.logits, teacher)                          # [N, γ]
         logits, targets = out.logits[valid], out.targets.to(valid.device)[valid]
         ce_sum = ce_sum + F.cross_entropy(logits.float(), targets, reduction="sum")
+        if distill_weight:
+            soft = torch.softmax(teacher[valid].float(), -1)                  # [n_valid, V]
+            kd_sum = kd_sum - (soft * torch.log_softmax(logits.float(), -1)).sum()
         z = out.confidence_logits.float()[valid]
         bce_sum = bce_sum + F.binary_cross_entropy_with_logits(z, tgt[valid], reduction="sum")
         count += int(valid.sum())
         pred_sum += float(torch.sigmoid(z.detach()).sum())
         tgt_sum += float(tgt[valid].sum())
-    ce, bce = ce_sum / count, bce_sum / count
-    return DrafterLoss(ce + confidence_weight * bce, ce, bce, pred_sum / count, tgt_sum / count)
+    ce, kd, bce = ce_sum / count, torch.as_tensor(kd_sum / count), bce_sum / count
+    return DrafterLoss(ce + distill_weight * kd + confidence_weight * bce, ce, kd, bce, pred_sum / count,
+                       tgt_sum / count)
 
 
 class DrafterTrainer:
@@ -160,7 +171,7 @@ class DrafterTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = train_windows(self.train_tokens, self.step, cfg)             # [B, seq + 1]
-        parts = drafter_loss(self.model, batch, cfg.confidence_weight)
+        parts = drafter_loss(self.model, batch, cfg.confidence_weight, cfg.distill_weight)
         self.optimizer.zero_grad(set_to_none=True)
         parts.loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], cfg.grad_clip)
@@ -169,6 +180,7 @@ class DrafterTrainer:
         dt = time.perf_counter() - t0
         self.elapsed += dt
         row = {"step": self.step, "loss": float(parts.loss.detach()), "ce": float(parts.ce.detach()),
+               "distill": float(parts.distill.detach()),
                "confidence_loss": float(parts.confidence_loss.detach()), "predicted_acceptance": parts.predicted,
                "target_acceptance": parts.target, "lr": lr, "step_s": dt, "elapsed_s": self.elapsed}
         self._write_log(row)
