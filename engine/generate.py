@@ -223,7 +223,8 @@ class Engine:
     def generate_text(self, prompts: str | Sequence[str], *, max_new_tokens: int, add_bos: bool = True,
                       on_text: Callable[[int, str], None] | None = None, dspark=None, **kwargs) -> TextGeneration:
         """Generate from text; on_text(row, piece) streams decoded text (whole characters only). dspark: a
-        DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics)."""
+        DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics).
+        cuda_graphs=True graphs the decode steps (with dspark: the target's verify forwards)."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode(t, add_bos) for t in texts]
         streams = [_TextStream(self.tokenizer) for _ in texts]
@@ -237,11 +238,6 @@ class Engine:
                 user_cb(row, token, info)
 
         run = generate
-        if kwargs.pop("cuda_graphs", False):
-            if dspark is not None:
-                raise ValueError("cuda_graphs covers plain decode steps only; DSpark draft + verify steps are not "
-                                 "graphed yet: decode with either dspark or cuda_graphs")
-            kwargs["cuda_graphs"] = True
         if dspark is not None:
             from .dspark.speculative import generate_speculative as run
             kwargs["dspark"] = dspark

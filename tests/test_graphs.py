@@ -242,11 +242,15 @@ def test_generate_with_graphs_matches_plain_generate():
     assert trace.fact("moe", "layers.9.ffn", 2, len(prompts[2]) + 5) is not None
 
 
-def test_engine_refuses_graphs_with_dspark():
+def test_engine_generates_text_with_graphs_and_dspark():
+    """Engine.generate_text passes cuda_graphs through to DSpark decoding (it used to refuse the pair)."""
+    from engine.dspark.speculative import DSparkConfig
     from engine.generate import Engine
     engine = Engine.load("tiny-v4.1", seed=0)
-    with pytest.raises(ValueError, match="DSpark draft \\+ verify steps are not graphed"):
-        engine.generate_text("hi", max_new_tokens=2, dspark=object(), cuda_graphs=True)
+    runs = [engine.generate_text("hi", max_new_tokens=4, seed=0, dspark=DSparkConfig(), cuda_graphs=g)
+            for g in (False, True)]
+    assert runs[1].texts == runs[0].texts and runs[1].result.tokens == runs[0].result.tokens
+    assert runs[0].result.graphed_forwards == 0 < runs[1].result.graphed_forwards == runs[1].result.target_forwards
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: captures and replays real torch.cuda graphs "
@@ -292,11 +296,19 @@ def test_cli_generate_with_cuda_graphs_writes_the_same_text_and_trace(tmp_path, 
     assert ids == [(p, q, v[0].tolist()) for p, _, _, q, v in b.facts("moe")] and len(ids) > 10 * 6
 
 
-def test_cli_refuses_cuda_graphs_with_dspark(capsys):
+def test_cli_generate_with_cuda_graphs_and_dspark(tmp_path, capsys):
+    """--cuda-graphs with --dspark (refused before graphed verify steps existed): same text, same DSpark steps."""
     from engine.cli import main
-    assert main(["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "x", "--dspark",
-                 "--cuda-graphs"]) == 2
-    assert "--cuda-graphs covers plain decode steps only" in capsys.readouterr().err
+    base = ["generate", "--config", "tiny-v4.1", "--random-init", "--seed", "4", "--prompt", "x", "--dspark",
+            "--max-new-tokens", "5"]
+    assert main(base + ["--trace", str(tmp_path / "eager.json")]) == 0
+    plain = capsys.readouterr().out
+    assert main(base + ["--cuda-graphs", "--trace", str(tmp_path / "graphs.json")]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain and "DSpark:" in err
+    a, b = Trace.load(tmp_path / "eager.json"), Trace.load(tmp_path / "graphs.json")
+    assert [(s.anchor_pos, s.verify_len, s.accepted, s.next_token) for s in a.dspark_steps] == \
+        [(s.anchor_pos, s.verify_len, s.accepted, s.next_token) for s in b.dspark_steps] and a.dspark_steps
 
 
 def test_cli_bench_reports_graphed_decode(capsys):
@@ -306,3 +318,109 @@ def test_cli_bench_reports_graphed_decode(capsys):
     import json
     rates = json.loads(capsys.readouterr().out)["cuda_graphs"]
     assert rates["captured"] is False and rates["decode_tokens_per_s"] > 0 and rates["decode_tokens_per_s_graphs"] > 0
+
+
+# ---- DSpark verify steps through the GraphedDecoder (generate_speculative(cuda_graphs=True)) ---------------------
+SPEC_V = 64   # a small vocabulary: random-init drafts are sometimes right, so acceptance and rejection both occur
+SPEC_PROMPTS = [[0, 5, 7, 9, 11], [0, 10, 20], [0, 3, 3, 3, 3, 3, 3, 3, 3]]   # three lengths: rows at other positions
+
+
+@pytest.fixture(scope="module")
+def spec_model():
+    return tiny_model(vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1)   # float64: exact comparisons
+
+
+def _speculate(model, prompts, graphs, **kw):
+    from engine.dspark.speculative import generate_speculative
+    kw = {"max_new_tokens": 14, "seed": 0, "stop_tokens": (), **kw}
+    return generate_speculative(model, prompts, cuda_graphs=graphs, **kw)
+
+
+def _step_facts(steps):
+    """Everything a list of DSpark steps decided (their wall times aside)."""
+    return [(s.row, s.step, s.anchor_pos, s.anchor_token, s.drafted.tolist(), s.verify_len, s.accepted, s.next_token,
+             s.next_kind) for s in steps]
+
+
+@pytest.mark.parametrize("schedule", ["all", "threshold"])
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_greedy_dspark_with_graphs_equals_eager(spec_model, schedule, n_rows):
+    from engine.dspark.speculative import DSparkConfig
+    cfg = DSparkConfig(schedule, threshold=0.6)
+    eager, graphed = (_speculate(spec_model, SPEC_PROMPTS[:n_rows], g, dspark=cfg) for g in (False, True))
+    assert graphed.tokens == eager.tokens and graphed.finish_reasons == eager.finish_reasons == ["length"] * n_rows
+    assert _step_facts(graphed.steps) == _step_facts(eager.steps)
+    assert [s.accepted for s in graphed.steps] == [s.accepted for s in eager.steps]
+    assert eager.graphed_forwards == 0 and graphed.graphed_forwards == graphed.target_forwards == eager.target_forwards
+    m, gamma = eager.metrics, spec_model.args.dspark_block_size
+    assert 0 < m.accepted < m.scheduled                                     # both verdicts occurred
+    if schedule == "threshold":   # blocks narrower than the graph's: the logits past ℓ really went unused
+        assert any(s.verify_len < gamma for s in eager.steps)
+
+
+def test_sampled_dspark_with_graphs_draws_the_same_random_numbers(spec_model):
+    """T = 1, fixed seed: each row's generator is in the same state before and after every verification in
+    both runs (so the drafter and the verifier drew the same numbers), and the tokens are identical."""
+    from engine.dspark.verify import verify
+    states = {False: [], True: []}
+
+    def recording(graphs):
+        def verifier(drafts, q, p, generator=None):
+            states[graphs].append(generator.get_state())
+            verdict = verify(drafts, q, p, generator=generator)
+            states[graphs].append(generator.get_state())
+            return verdict
+        return verifier
+
+    eager, graphed = (_speculate(spec_model, SPEC_PROMPTS, g, temperature=1.0, seed=11, verifier=recording(g))
+                      for g in (False, True))
+    assert graphed.tokens == eager.tokens and _step_facts(graphed.steps) == _step_facts(eager.steps)
+    assert len(states[True]) == len(states[False]) == 2 * len(eager.steps) > 0
+    assert all(torch.equal(a, b) for a, b in zip(states[False], states[True]))
+    assert any(s.accepted for s in eager.steps) and any(s.next_kind == "replacement" for s in eager.steps)
+    assert graphed.graphed_forwards == graphed.target_forwards
+
+
+@pytest.mark.parametrize("max_tokens, prompts", [(None, [[0, 10], [0, 7, 21]]), (40, SPEC_PROMPTS)],
+                         ids=["short-prompts", "budget"])
+def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
+    """moe/mhc/engram/attention facts, tokens and DSpark steps after rollback equal the eager run's. The
+    graphed step hands the trace only the scheduled block's records (trace_tokens), so short prompts (fewer
+    visible compressed rows than index_topk) get the eager top-k widths, and a token budget that runs out
+    mid-run fills the same slots and counts the same omissions."""
+    from engine.dspark.speculative import DSparkConfig
+    traces = []
+    for graphs in (False, True):
+        trace = Trace(TraceBudget(max_tokens=max_tokens, attention=True))
+        _speculate(spec_model, prompts, graphs, max_new_tokens=10, dspark=DSparkConfig("threshold", 0.6),
+                   trace=trace)
+        traces.append(trace)
+    eager, graphed = traces
+    _assert_same_facts(_fact_lists(eager), _fact_lists(graphed))
+    assert graphed.summary()["token_slots"] == eager.summary()["token_slots"]
+    assert graphed.omitted == eager.omitted and (max_tokens is None) == (not eager.omitted)
+    assert _step_facts(graphed.dspark_steps) == _step_facts(eager.dspark_steps) and eager.dspark_steps
+    for row in range(len(prompts)):
+        a, b = eager.tokens(row), graphed.tokens(row)
+        assert [(t.pos, t.token_id, t.generated, t.step) for t in a] == [(t.pos, t.token_id, t.generated, t.step)
+                                                                         for t in b]
+        assert all(np.array_equal(x.top_ids, y.top_ids) for x, y in zip(a, b))
+
+
+def test_dspark_with_graphs_at_the_model_and_cache_end(spec_model, monkeypatch):
+    """Rows that run into the model's max_seq_len end as in the eager run; and a cache without the spare
+    positions leaves the last steps too little room for a full graphed block: they run eagerly, same tokens."""
+    short = tiny_model(vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1, max_seq_len=20)
+    eager, graphed = (_speculate(short, SPEC_PROMPTS, g, max_new_tokens=30) for g in (False, True))
+    assert graphed.tokens == eager.tokens and graphed.finish_reasons == eager.finish_reasons
+    assert set(eager.finish_reasons) == {"max_seq_len"} and len(SPEC_PROMPTS[2]) + len(eager.tokens[2]) == 20
+    assert graphed.graphed_forwards == graphed.target_forwards   # the γ + 1 spare positions always fit a block
+
+    gamma, build = spec_model.args.dspark_block_size, type(spec_model).new_cache
+    monkeypatch.setattr(spec_model, "new_cache", lambda rows, length: build(spec_model, rows, length - gamma - 1))
+    prompt = SPEC_PROMPTS[:1]
+    eager = _speculate(spec_model, prompt, False, max_new_tokens=16)
+    graphed = _speculate(spec_model, prompt, True, max_new_tokens=16)
+    assert graphed.tokens == eager.tokens and graphed.finish_reasons == ["length"]
+    assert _step_facts(graphed.steps) == _step_facts(eager.steps)
+    assert 0 < graphed.graphed_forwards < graphed.target_forwards       # the tail fell back to eager steps

@@ -24,6 +24,7 @@ __all__ = ["SCHEDULES", "DSparkConfig", "SpeculativeResult", "generate_speculati
 class SpeculativeResult(GenerationResult):
     steps: list[DSparkStep] = field(default_factory=list)
     target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
+    graphed_forwards: int = 0          # of those, verify forwards run by the GraphedDecoder (cuda_graphs)
 
     @property
     def metrics(self) -> DSparkMetrics:
@@ -39,10 +40,17 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
                          seed: int | Sequence[int] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
                          dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
                          token_text: Callable[[int], str] | None = None,
-                         verifier: Verifier = verify) -> SpeculativeResult:
+                         verifier: Verifier = verify, cuda_graphs: bool = False) -> SpeculativeResult:
     """Same contract as engine.generate.generate (row i samples with seed + i; tokens, finish reasons), with
     every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
-    emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose."""
+    emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
+
+    cuda_graphs: each step's target verify forward goes through an engine.graphs.GraphedDecoder (a CUDA
+    graph per batch bucket on a GPU; on the CPU the same static body runs eagerly). A graph has a fixed
+    width, so every row then verifies a full block [anchor, x_1..x_γ]; the schedule's ℓ still decides what
+    is checked and accepted (logits past ℓ go unused), so tokens, accepted counts and random draws are
+    those of the eager path. A step where some row lacks room for a full block in the cache runs eagerly.
+    The drafter's draft forward and the prefill always run eagerly."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
         raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
@@ -57,7 +65,7 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
                          "use early_stop=True or greedy decoding")
     run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
                        params, cfg, seed,
-                       stop_tokens, on_token, trace, token_text, verifier)
+                       stop_tokens, on_token, trace, token_text, verifier, cuda_graphs)
     run.prefill()
     while run.active:
         run.step()
@@ -68,7 +76,7 @@ class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
 
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
-                 verifier):
+                 verifier, cuda_graphs=False):
         self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
         self.params, self.cfg, self.trace, self.on_token, self.verifier = params, cfg, trace, on_token, verifier
         n, self.gamma = len(prompts), model.args.dspark_block_size
@@ -78,7 +86,14 @@ class _Speculation:
         self.text_of = token_text or (lambda t: "")
         # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
         longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
-        self.cache = model.new_cache(n, longest + self.gamma + 1)
+        # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
+        # already give every active row room for a full graphed block (the eager fallback guards the rest)
+        self.cache = model.new_cache(n + 1 if cuda_graphs else n, longest + self.gamma + 1)
+        self.decoder = None
+        if cuda_graphs:
+            from ..graphs import GraphedDecoder
+            self.decoder = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=self.gamma + 1,
+                                          logits="all", return_taps=True)
         self.rings = DrafterCache(model, n, self.cache.margin)
         self.res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
         self.active: list[int] = []
@@ -134,8 +149,9 @@ class _Speculation:
         self.active.sort()
 
     def step(self) -> None:
-        """One DSpark step for every active row: draft γ, schedule ℓ per row, verify [anchor, x_1..x_ℓ] in one
-        target forward, roll every cache back to the committed prefix, emit the accepted drafts + one token."""
+        """One DSpark step for every active row: draft γ (eager), schedule ℓ per row, verify [anchor, x_1..x_ℓ]
+        in one target forward (graphed: the full γ-block), roll every cache back to the committed prefix,
+        emit the accepted drafts + one token."""
         model, dev, active = self.model, self.model.device, self.active
         self.n_steps += 1
         t0 = time.perf_counter()
@@ -146,8 +162,7 @@ class _Speculation:
         conf = d.confidence(self.temperature)                                  # [A, γ]
         lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
         width = max(lengths) + 1
-        block = torch.cat([anchors.unsqueeze(1), d.tokens[:, :width - 1]], 1)  # [A, w]; rows with ℓ < w − 1 padded
-        logits, taps = model(block.to(dev), self.cache, rows=rows, trace=self.trace, logits="all", return_taps=True)
+        logits, taps = self._target_forward(rows, anchors, d.tokens, width)
         self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
         self.res.target_forwards += 1
         verdicts = self._verify(d, lengths, logits)
@@ -158,6 +173,20 @@ class _Speculation:
         self.res.decode_s += dt
         self.res.step_times.append(dt)
         self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
+
+    def _target_forward(self, rows, anchors, drafts, width: int):
+        """The verify forward of [anchor, drafts…] per row → (logits [A, w, V], taps [A, w, n_taps·dim]).
+        Eager: w = width (the batch's longest scheduled block; shorter rows are padded with their next
+        drafts). Graphed: w = γ + 1 for every row, the trace given only the first `width` tokens' records as
+        the eager forward would make them; the caller's rollback discards the extra positions either way."""
+        full = self.gamma + 1
+        if self.decoder is not None and bool((self.cache.pos[rows] + full <= self.cache.max_seq_len).all()):
+            block = torch.cat([anchors.unsqueeze(1), drafts], 1)               # [A, γ+1]
+            self.res.graphed_forwards += 1
+            return self.decoder.step(block, rows, self.trace, trace_tokens=width)
+        block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
+        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
+                          return_taps=True)
 
     def _capped(self, lengths: list[int], anchor_pos: torch.Tensor) -> list[int]:
         """Never verify past a row's token budget or the model's last position: a step emits ℓ + 1 tokens."""

@@ -68,14 +68,19 @@ class GraphedDecoder:
         """Bucket sizes that replay a captured CUDA graph."""
         return sorted({b for (b, _), st in self._buckets.items() if st.graph is not None})
 
-    def step(self, tokens, rows, trace=None):
+    def step(self, tokens, rows, trace=None, trace_tokens: int | None = None):
         """tokens [n, S] (or [n] when S = 1) next tokens of each sequence, rows [n] their cache rows →
         logits [n, V] ("last") or [n, S, V] ("all"), fresh tensors; with return_taps (logits, taps). Each
-        row's tokens go at cache.pos onwards, which then advances by S."""
+        row's tokens go at cache.pos onwards, which then advances by S. trace_tokens k ≤ S: hand `trace`
+        only each row's first k tokens' records — what an eager forward of width k records (a DSpark
+        verify whose schedule needs a narrower block than the graph's), so a token budget fills alike."""
         if torch.is_grad_enabled():
             raise RuntimeError("GraphedDecoder.step runs under torch.no_grad() or torch.inference_mode()")
         cache, model = self.cache, self.model
         S = self.tokens_per_row
+        k = S if trace_tokens is None else int(trace_tokens)
+        if not 1 <= k <= S:
+            raise ValueError(f"trace_tokens must be in 1..{S} (the step's tokens per row), got {trace_tokens!r}")
         tokens = model._check_tokens(torch.as_tensor(tokens).reshape(-1, S)).cpu()   # [n, S]
         n = tokens.size(0)
         rows = cache.resolve_rows(rows, n)
@@ -96,7 +101,8 @@ class GraphedDecoder:
         self._run(st)
         cache.advance(rows, S)
         if trace is not None:
-            st.sink.emit(trace, rows, positions, n, self._topk_width(positions))
+            shown = positions[:, :k]                                                  # [n, k]
+            st.sink.emit(trace, rows, shown, n, self._topk_width(shown))
         logits = st.inputs.logits[:n].clone()
         return (logits, st.inputs.taps[:n].clone()) if self.return_taps else logits
 

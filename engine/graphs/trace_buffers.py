@@ -78,13 +78,15 @@ class TraceBuffers:
 
     def emit(self, trace, rows: torch.Tensor, positions: torch.Tensor, n: int, topk_width=None) -> None:
         """Hand the last step's records of the first n (live) rows to `trace`, in the order the body made
-        them: rows [n], positions [n, S] on the CPU. topk_width(path) → how many index entries the eager
-        path would have listed (the static list pads its end with −1 up to index_topk)."""
+        them: rows [n], positions [n, k] on the CPU, k ≤ S (only each row's first k tokens are handed over).
+        topk_width(path) → how many index entries the eager path would have listed (the static list pads
+        its end with −1 up to index_topk)."""
         if not self.frozen:
             raise RuntimeError("TraceBuffers.emit before freeze(): no layout yet")
         host = {dt: flat.cpu() for dt, flat in self._flat.items()}   # one device→host copy per dtype
         for (kind, path, site), layout in self._layout.items():
-            f = [host[dt][o:o + _numel(shape)].view(shape)[:n] for dt, o, shape in layout]
+            k = positions.size(1)
+            f = [host[dt][o:o + _numel(shape)].view(shape)[:n, :k] for dt, o, shape in layout]   # [n, k, …]
             if kind == "moe":
                 trace.record_moe(path, rows, positions, *f, None)
             elif kind == "mhc":
