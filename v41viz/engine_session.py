@@ -58,6 +58,22 @@ def _runnable_preset(path: str) -> bool:
     return args.family == "v4.1" and account(args).to_json()["params"]["total"] <= MAX_RANDOM_PARAMS
 
 
+def card_summary(checkpoint: Path) -> str | None:
+    """One line from a checkpoint's card.json (written by `python -m engine card`), or None without one."""
+    import json
+    try:
+        card = json.loads((checkpoint / "card.json").read_text(encoding="utf-8"))
+        h, works = card["heldout"], card["corpus"]["works"]
+        line = (f"Trained on {len(works['train'])} works from {', '.join(s['package'] for s in card['sources'])}; "
+                f"held-out loss {h['loss']:.2f} nats/token (perplexity {h['perplexity']:.0f}) against "
+                f"{h['unigram_loss']:.2f} for a unigram model")
+        if card.get("dspark"):
+            line += f"; DSpark at T=0 accepts {card['dspark']['T=0']['mean_accepted_length']:.2f} tokens per step"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return line + f". Model card: `{checkpoint.name}/MODEL_CARD.md`."
+
+
 def default_model(choices: dict[str, ModelChoice]) -> str:
     """The shipped trained model when it exists, else the tiny preset with random weights."""
     trained = CHECKPOINT_PREFIX + "default"

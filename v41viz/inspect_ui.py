@@ -42,14 +42,18 @@ def weights_note(slot: es.EngineSlot) -> None:
             f"loaded in {slot.load_s:.1f} s")
     st.markdown(line)
     if slot.choice.checkpoint is None:
-        st.warning(f"This model has {RANDOM_NOTE}. The trained default model replaces it once "
-                   "`checkpoints/default/` exists.", icon=":material/casino:")
+        trained = "the trained `default` checkpoint" if (es.CHECKPOINTS / "default").is_dir() else \
+            "a trained checkpoint (none is installed under `checkpoints/`)"
+        st.warning(f"This model has {RANDOM_NOTE}. For meaningful experts, gates and drafts pick {trained}.",
+                   icon=":material/casino:")
+    elif (card := es.card_summary(slot.choice.checkpoint)) is not None:
+        st.caption(card)
 
 
 def settings_form(args) -> GenSettings | None:
     """The prompt and sampling settings; returns the settings when Generate is pressed."""
     with st.form("inspect_form", border=True):
-        prompt = st.text_area("Prompt", value="The quick brown fox", key="inspect_prompt", height=90)
+        prompt = st.text_area("Prompt", value="ROMEO:", key="inspect_prompt", height=90)
         c = st.columns(6)
         max_new = c[0].number_input("max new tokens", 1, 512, 24, key="inspect_max_new")
         temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key="inspect_temperature",
