@@ -113,3 +113,23 @@ def test_kernel_drafter_matches_reference(mode):
     assert len(t_fast.mhc) == len(t_ref.mhc) == 2 * fast.args.n_draft_stages
     for a, b in zip(t_fast.moe, t_ref.moe):
         assert_equal(a["ids"], b["ids"], f"{a['path']} drafter expert ids")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cli_generate_with_triton_kernels_prints_the_reference_text(mode, capsys):
+    from engine.cli import main as cli_main
+    argv = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "Hi", "--max-new-tokens", "2",
+            "--device", DEVICE.type]
+    assert cli_main(argv) == 0
+    ref = capsys.readouterr().out
+    assert cli_main(argv + ["--kernels", "triton"]) == 0
+    assert capsys.readouterr().out == ref
+
+
+def test_cli_kernels_on_cpu_without_the_interpreter_is_refused(monkeypatch, capsys):
+    from engine.cli import main as cli_main
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "Hi", "--kernels", "triton"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--kernels triton on cpu" in err and "TRITON_INTERPRET=1" in err

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
                              "scheduler (Alg. 1) with this machine's profiled throughput table (default all)")
     parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
+    parser.add_argument("--kernels", choices=("torch", "triton"), default="torch",
+                        help="triton: the fused Triton kernels for mHC seams, router, routed experts and Engram "
+                             "(CUDA, or CPU under TRITON_INTERPRET=1); torch = the reference (default)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode steps as CUDA graphs (one per batch bucket); on the CPU the same static "
                              "decode body runs eagerly (same output, no speed-up). With --dspark: the target's verify "
@@ -66,8 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if args.cuda_graphs and not args.device.startswith("cuda"):
         print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
               file=sys.stderr)
+    options = None
+    if args.kernels == "triton":
+        from ..kernels.runtime import unavailable_reason
+        from ..model import EngineOptions
+        reason = unavailable_reason(args.device)
+        if reason is not None:
+            raise ValueError(f"--kernels triton on {args.device}: {reason}")
+        options = EngineOptions(kernels="triton")
     engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
-                         device=args.device)
+                         device=args.device, options=options)
     dspark = _dspark_config(args, engine.model) if args.dspark else None
     trace = None
     if args.trace:
