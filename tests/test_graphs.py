@@ -424,3 +424,165 @@ def test_dspark_with_graphs_at_the_model_and_cache_end(spec_model, monkeypatch):
     assert graphed.tokens == eager.tokens and graphed.finish_reasons == ["length"]
     assert _step_facts(graphed.steps) == _step_facts(eager.steps)
     assert 0 < graphed.graphed_forwards < graphed.target_forwards       # the tail fell back to eager steps
+
+
+# ---- DSpark draft steps through the GraphedDrafter -----------------------------------------------------------------
+def _draft_state(model, n_rows, graphs):
+    """Drafter rings (plus a scratch row when graphed) after rows prefilled with taps of different lengths."""
+    from engine.dspark.drafter_cache import DrafterCache
+    margin = model.args.dspark_block_size + 1
+    rings = DrafterCache(model, n_rows + 1 if graphs else n_rows, margin)
+    gen = torch.Generator().manual_seed(1)
+    n_taps = len(model.args.dspark_target_layer_ids) * model.args.dim
+    with torch.inference_mode():
+        for r in range(n_rows):
+            taps = torch.randn(1, 3 + 4 * r, n_taps, generator=gen, dtype=model.dtype)     # [1, S, n_taps·dim]
+            rings.append(model, taps.to(model.device), [r])
+    return rings
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T1"])
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n_rows, temperature):
+    """12 draft steps (rows at different positions; for 3 rows the live sets [0, 1, 2] (a padded bucket of 4),
+    [2, 0] and [1]), each followed by a verify-width append of taps and a rollback to a random accepted prefix:
+    tokens, q, confidences, every generator's state and the mtp.* moe/mhc trace facts equal the eager drafter's."""
+    from engine.dspark.drafter import draft
+    from engine.graphs import GraphedDrafter
+    from engine.sampling import SamplingParams, make_generators
+    model, gamma = spec_model, spec_model.args.dspark_block_size
+    params = SamplingParams(temperature, top_k=40 if temperature else 0)
+    rings_e, rings_g = _draft_state(model, n_rows, False), _draft_state(model, n_rows, True)
+    scratch_before = {k: v[n_rows].clone() for k, v in rings_g.rings.items()}
+    drafter = GraphedDrafter(model, rings_g)                                  # scratch row: n_rows
+    gens_e, gens_g = make_generators(list(range(n_rows)), "cpu"), make_generators(list(range(n_rows)), "cpu")
+    traces = [Trace(TraceBudget(max_tokens=None)) for _ in range(2)]
+    gen = torch.Generator().manual_seed(2)
+    n_taps = len(model.args.dspark_target_layer_ids) * model.args.dim
+    with torch.inference_mode():
+        for step in range(12):
+            rows = [[0, 1, 2], [2, 0], [1]][step % 3] if n_rows == 3 else [0]
+            anchors = torch.randint(0, SPEC_V, (len(rows),), generator=gen)
+            want = draft(model, rings_e, torch.tensor(rows), anchors, params, [gens_e[r] for r in rows], traces[0])
+            got = drafter.draft(rows, anchors, params, [gens_g[r] for r in rows], traces[1])
+            assert torch.equal(got.tokens, want.tokens), step
+            assert got.tokens.dtype == torch.long and got.tokens.shape == (len(rows), gamma)
+            torch.testing.assert_close(got.confidence_logits, want.confidence_logits, rtol=0, atol=1e-12)
+            if params.greedy:
+                assert got.q is None and want.q is None
+            else:
+                torch.testing.assert_close(got.q, want.q, rtol=0, atol=1e-12)
+            assert all(torch.equal(gens_e[r].get_state(), gens_g[r].get_state()) for r in rows)
+            # the verify forward's taps for anchor + γ drafts, then the rollback to the accepted prefix
+            taps = torch.randn(len(rows), gamma + 1, n_taps, generator=gen, dtype=model.dtype)
+            keep = rings_e.pos[rows] + 1 + torch.randint(0, gamma + 1, (len(rows),), generator=gen)
+            for rings in (rings_e, rings_g):
+                rings.append(model, taps, rows)
+                rings.rollback(keep, rows)
+    assert int(rings_e.pos.max()) > rings_e.slots                           # the rings wrapped
+    assert torch.equal(rings_e.pos, rings_g.pos[:n_rows]) and int(rings_g.pos[n_rows]) == 0
+    assert all(torch.equal(scratch_before[k], rings_g.rings[k][n_rows]) for k in scratch_before)
+    assert sorted({b for b, _, _ in drafter._buckets}) == ([1, 2, 4] if n_rows == 3 else [1])
+    for kind in ("moe", "mhc"):
+        eager, graphed = traces[0].facts(kind), traces[1].facts(kind)
+        assert len(eager) == len(graphed) > 0 and all(p.startswith("mtp.") for p, *_ in eager)
+        for (p1, s1, r1, q1, v1), (p2, s2, r2, q2, v2) in zip(eager, graphed):
+            assert (p1, s1, r1, q1) == (p2, s2, r2, q2)
+            for a, b in zip(v1, v2, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
+                    assert np.array_equal(a, b), (kind, p1)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_dspark_with_graphs_drafts_through_the_graphed_drafter(spec_model):
+    """Every speculative step's draft goes through the GraphedDrafter, greedy and sampled, same tokens and steps."""
+    for kw in ({}, {"temperature": 1.0, "seed": 5}):
+        eager, graphed = (_speculate(spec_model, SPEC_PROMPTS, g, **kw) for g in (False, True))
+        assert graphed.tokens == eager.tokens and _step_facts(graphed.steps) == _step_facts(eager.steps)
+        np.testing.assert_allclose(np.stack([s.confidences for s in graphed.steps]),
+                                   np.stack([s.confidences for s in eager.steps]), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.stack([s.draft_probs for s in graphed.steps]),
+                                   np.stack([s.draft_probs for s in eager.steps]), rtol=0, atol=1e-6)
+        assert eager.graphed_drafts == 0 and graphed.graphed_drafts == graphed.target_forwards == eager.target_forwards
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_meta_proxy_passes_the_draft_body(greedy):
+    from engine.graphs import check_draft_capture_safe
+    args = load_config(TINY)
+    check_draft_capture_safe(args, batch=2, greedy=greedy)
+    check_draft_capture_safe(args, batch=4, trace=False, dtype=torch.float32, greedy=greedy)
+
+
+def _draft_item_body(model, rings, inputs, trace=None, greedy=True):
+    from engine.graphs import draft_body
+    draft_body(model, rings, inputs, trace, greedy)
+    int(inputs.tokens[0, 0])                                                 # a deliberate host sync
+
+
+def _draft_eager_context_body(model, rings, inputs, trace=None, greedy=True):
+    """The eager drafter's context (static off): its trace rows are read back to the host."""
+    from engine.dspark.drafter import draft_forward
+    from engine.model.draft import DraftContext
+    ring_rows = {layer: ring.index_select(0, inputs.rows) for layer, ring in rings.rings.items()}
+    ctx = DraftContext(rows=inputs.rows, positions=inputs.positions, rings=ring_rows, ring_index=inputs.ring_index,
+                       trace=trace)
+    draft_forward(model, inputs.ids, ctx)
+
+
+def _draft_live_rows_body(model, rings, inputs, trace=None, greedy=True):
+    """Dropping the padding rows by value: a shape that depends on the rows' values."""
+    from engine.graphs import draft_body
+    draft_body(model, rings, inputs, trace, greedy)
+    inputs.base[inputs.rows != inputs.scratch_row].sum()
+
+
+@pytest.mark.parametrize("body", [_draft_item_body, _draft_eager_context_body, _draft_live_rows_body])
+def test_meta_proxy_catches_a_host_sync_in_the_draft_body(body):
+    from engine.graphs import check_draft_capture_safe
+    with pytest.raises(CaptureUnsafeError, match="draft body is not capture-safe"):
+        check_draft_capture_safe(load_config(TINY), batch=2, body=body)
+
+
+def test_graphed_drafter_refuses_misuse_clearly(spec_model):
+    from engine.graphs import GraphedDrafter
+    from engine.sampling import SamplingParams
+    rings = _draft_state(spec_model, 2, True)
+    with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
+        GraphedDrafter(spec_model, rings, capture=True)
+    with pytest.raises(ValueError, match="scratch_row 3 outside"):
+        GraphedDrafter(spec_model, rings, scratch_row=3)
+    drafter = GraphedDrafter(spec_model, rings)
+    with pytest.raises(RuntimeError, match="no_grad"):
+        drafter.draft([0], torch.tensor([1]), SamplingParams(), [None])
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="scratch row"):
+            drafter.draft([0, 2], torch.tensor([1, 2]), SamplingParams(), [None, None])
+        with pytest.raises(ValueError, match="2 anchors for 1 rows"):
+            drafter.draft([0], torch.tensor([1, 2]), SamplingParams(), [None])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: captures and replays the draft body "
+                                                          "(run by scripts/gpu_check.sh on a GPU)")
+def test_cuda_graph_capture_of_the_draft_step_matches_eager():
+    from engine.dspark.drafter import draft
+    from engine.graphs import GraphedDrafter
+    from engine.sampling import SamplingParams, make_generators
+    torch.manual_seed(0)
+    model = tiny_model(dtype=torch.float32, vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1).cuda()
+    rings_e, rings_g = _draft_state(model, 3, False), _draft_state(model, 3, True)
+    drafter = GraphedDrafter(model, rings_g)
+    assert drafter.capture
+    for params in (SamplingParams(), SamplingParams(1.0)):
+        gens_e, gens_g = make_generators([0, 1, 2], "cuda"), make_generators([0, 1, 2], "cuda")
+        with torch.inference_mode():
+            for step in range(6):
+                rows = [[0, 1, 2], [2, 0], [1]][step % 3]
+                anchors = torch.tensor([5, 9, 11][:len(rows)])
+                want = draft(model, rings_e, torch.tensor(rows), anchors, params, [gens_e[r] for r in rows])
+                got = drafter.draft(rows, anchors, params, [gens_g[r] for r in rows])
+                torch.testing.assert_close(got.confidence_logits, want.confidence_logits, rtol=1e-3, atol=1e-3)
+                assert (got.tokens == want.tokens).float().mean() >= 0.8
+    assert drafter.captured == [1, 2, 4]

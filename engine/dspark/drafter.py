@@ -34,24 +34,46 @@ class Draft:
 def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
           generators: list, trace=None) -> Draft:
     """Draft γ tokens after each row's anchor. The anchor sits at position rings.pos[row]; the rings hold the
-    target features of every earlier committed position. rows [B] cache rows, anchors [B] token ids."""
+    target features of every earlier committed position. rows [B] cache rows, anchors [B] token ids.
+    (engine.graphs.GraphedDrafter runs the same two halves, draft_forward from static buffers.)"""
     a = model.args
     gamma, dev = a.dspark_block_size, model.device
     rows = torch.as_tensor(rows, dtype=torch.long).cpu()
-    B = rows.numel()
-    ids = torch.full((B, gamma), a.dspark_noise_token_id, dtype=torch.long)
-    ids[:, 0] = torch.as_tensor(anchors, dtype=torch.long).cpu()            # [anchor, noise, …]
+    ids = draft_block_ids(a, anchors)                                        # [B, γ]
     positions = rings.pos[rows].unsqueeze(1) + torch.arange(gamma)           # [B, γ]
     ring_rows, ring_index = rings.read(rows)
     ctx = DraftContext(rows=rows, positions=positions.to(dev), rings=ring_rows, ring_index=ring_index,
                        quant_sim=model.options.quant_sim, trace=trace)
-    hidden = draft_hidden(model, ids.to(dev), ctx)                          # [B, γ, dim]
+    hidden, base = draft_forward(model, ids.to(dev), ctx)
+    tokens, q, z = markov_drafts(model.mtp[-1], base, hidden, ids[:, 0].to(dev), params, generators)
+    return Draft(tokens.cpu(), q, z.float().cpu())
+
+
+def draft_block_ids(args, anchors) -> torch.Tensor:
+    """[B, γ] (CPU) the draft block's input ids: [anchor, noise, …, noise]."""
+    anchors = torch.as_tensor(anchors, dtype=torch.long).cpu().flatten()
+    ids = torch.full((anchors.numel(), args.dspark_block_size), args.dspark_noise_token_id, dtype=torch.long)
+    ids[:, 0] = anchors
+    return ids
+
+
+def draft_forward(model, ids: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block forward: ids [B, γ] → (Hd [B, γ, dim] pre-norm hidden, base logits U [B, γ, V] fp32, or
+    float64 for a float64 model). Sync-free when ctx.static (what a CUDA graph captures)."""
+    hidden = draft_hidden(model, ids, ctx)                                   # [B, γ, dim]
     last = model.mtp[-1]
     fp = torch.float64 if model.dtype == torch.float64 else torch.float32
-    base = F.linear(last.norm(hidden).to(fp), model.head.weight.to(fp))     # [B, γ, V] base logits U
-    prev = ids[:, 0].to(dev)
+    return hidden, F.linear(last.norm(hidden).to(fp), model.head.weight.to(fp))   # [B, γ, V]
+
+
+def markov_drafts(last, base: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
+                  generators: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The Markov head left to right over base [B, γ, V] → (tokens [B, γ], q [B, γ, V] or None when greedy,
+    raw confidence logits z [B, γ]), on the model's device. anchors [B] precede draft 1. Greedy runs no host
+    read (it is captured with the forward); sampling draws with the per-row host-seeded generators."""
+    prev = anchors
     tokens, qs, zs = [], [], []
-    for k in range(gamma):
+    for k in range(base.size(1)):
         # the Markov head makes draft k depend on the token actually drafted before it
         e, bias = last.markov_head(prev)                                     # [B, r], [B, V]
         if params.greedy:  # q is the one-hot argmax: keep the ids only
@@ -63,5 +85,4 @@ def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor,
         tokens.append(x)
         qs.append(q)
         prev = x
-    q = None if params.greedy else torch.stack(qs, 1)
-    return Draft(torch.stack(tokens, 1).cpu(), q, torch.stack(zs, 1).float().cpu())
+    return torch.stack(tokens, 1), None if params.greedy else torch.stack(qs, 1), torch.stack(zs, 1)

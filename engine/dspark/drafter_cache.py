@@ -65,10 +65,16 @@ class DrafterCache:
         """(rings {layer: [B, slots, D]}, ring_index [B, window]) for rows whose next position is pos[row]:
         the slots of positions pos − window .. pos − 1 (−1 before the sequence start)."""
         rows = self._rows(rows)
-        k = self.pos[rows].unsqueeze(1) - self.window + torch.arange(self.window)  # [B, window] positions
-        index = torch.where(k >= 0, k % self.slots, -1)
+        index = self.ring_index(rows)
         dev = next(iter(self.rings.values())).device
         return {layer: ring[rows.to(dev)] for layer, ring in self.rings.items()}, index.to(dev)
+
+    def ring_index(self, rows) -> torch.Tensor:
+        """[B, window] (CPU) the ring slots of positions pos − window .. pos − 1 of each row (−1 before the
+        sequence start): what read() hands the drafter, computed on the host (a graphed draft's static input)."""
+        rows = self._rows(rows)
+        k = self.pos[rows].unsqueeze(1) - self.window + torch.arange(self.window)  # [B, window] positions
+        return torch.where(k >= 0, k % self.slots, -1)
 
     def live_state(self, row: int) -> dict[str, torch.Tensor]:
         """What the next draft of this row reads, addressed by position (ring slots resolved)."""

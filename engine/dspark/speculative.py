@@ -25,6 +25,7 @@ class SpeculativeResult(GenerationResult):
     steps: list[DSparkStep] = field(default_factory=list)
     target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
     graphed_forwards: int = 0          # of those, verify forwards run by the GraphedDecoder (cuda_graphs)
+    graphed_drafts: int = 0            # draft steps run by the GraphedDrafter (cuda_graphs: every step)
 
     @property
     def metrics(self) -> DSparkMetrics:
@@ -50,7 +51,9 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     width, so every row then verifies a full block [anchor, x_1..x_γ]; the schedule's ℓ still decides what
     is checked and accepted (logits past ℓ go unused), so tokens, accepted counts and random draws are
     those of the eager path. A step where some row lacks room for a full block in the cache runs eagerly.
-    The drafter's draft forward and the prefill always run eagerly."""
+    The draft step goes through an engine.graphs.GraphedDrafter: the stages' forward and base logits (and,
+    greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
+    generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
         raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
@@ -94,7 +97,12 @@ class _Speculation:
             from ..graphs import GraphedDecoder
             self.decoder = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=self.gamma + 1,
                                           logits="all", return_taps=True)
-        self.rings = DrafterCache(model, n, self.cache.margin)
+        # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
+        self.rings = DrafterCache(model, n + 1 if cuda_graphs else n, self.cache.margin)
+        self.drafter = None
+        if cuda_graphs:
+            from ..graphs import GraphedDrafter
+            self.drafter = GraphedDrafter(model, self.rings, scratch_row=n)
         self.res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
         self.active: list[int] = []
         self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
@@ -149,16 +157,21 @@ class _Speculation:
         self.active.sort()
 
     def step(self) -> None:
-        """One DSpark step for every active row: draft γ (eager), schedule ℓ per row, verify [anchor, x_1..x_ℓ]
-        in one target forward (graphed: the full γ-block), roll every cache back to the committed prefix,
-        emit the accepted drafts + one token."""
+        """One DSpark step for every active row: draft γ (GraphedDrafter with cuda_graphs), schedule ℓ per row,
+        verify [anchor, x_1..x_ℓ] in one target forward (graphed: the full γ-block), roll every cache back to
+        the committed prefix, emit the accepted drafts + one token."""
         model, dev, active = self.model, self.model.device, self.active
         self.n_steps += 1
         t0 = time.perf_counter()
         rows = torch.tensor(active)
         anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
         anchors = torch.tensor([self.anchors[r] for r in active])
-        d = draft(model, self.rings, rows, anchors, self.params, [self.gens[r] for r in active], self.trace)
+        gens = [self.gens[r] for r in active]
+        if self.drafter is not None:
+            d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
+            self.res.graphed_drafts += 1
+        else:
+            d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace)
         conf = d.confidence(self.temperature)                                  # [A, γ]
         lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
         width = max(lengths) + 1

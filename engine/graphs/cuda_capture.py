@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 
-def capture_cuda_graph(body, warmup: int = 2) -> "torch.cuda.CUDAGraph":
+def capture_cuda_graph(body, warmup: int = 2, what: str = "decode",
+                       check: str = "engine.graphs.check_capture_safe(args)") -> "torch.cuda.CUDAGraph":
     """Capture body() (a function of static buffers only) as a graph; replay() reruns its launches.
     The warm-up calls (lazy cuBLAS/Triton initialisation, cached weight stacks) run on a side stream, as
     capture requires; the body must be idempotent for fixed inputs, which a decode step at fixed positions is."""
@@ -21,6 +22,6 @@ def capture_cuda_graph(body, warmup: int = 2) -> "torch.cuda.CUDAGraph":
         with torch.cuda.graph(graph):
             body()
     except RuntimeError as e:  # typically "operation not permitted when stream is capturing": a host sync
-        raise RuntimeError(f"CUDA graph capture of the decode body failed ({e}); a host read has likely crept "
-                           "into the body: engine.graphs.check_capture_safe(args) names it on the CPU") from e
+        raise RuntimeError(f"CUDA graph capture of the {what} body failed ({e}); a host read has likely crept "
+                           f"into the body: {check} names it on the CPU") from e
     return graph

@@ -36,3 +36,29 @@ def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=tor
         raise CaptureUnsafeError(f"the decode body is not capture-safe: {type(e).__name__}: {e}") from e
     if not inputs.logits.is_meta:
         raise CaptureUnsafeError("the body's logits left the meta device")
+
+
+def check_draft_capture_safe(args, *, batch: int = 2, dtype=torch.bfloat16, options=None, trace: bool = True,
+                             greedy: bool = True, body=None) -> None:
+    """check_capture_safe's sibling for the DSpark draft body (engine.graphs.draft_body): the model, the
+    drafter rings and the static draft buffers on the meta device, the body run once (greedy: with the
+    in-graph Markov argmax). A host read or value-sized shape anywhere raises CaptureUnsafeError."""
+    from ..dspark.drafter_cache import DrafterCache
+    from ..model import Transformer
+    from .draft_body import DraftInputs, draft_body
+
+    if not args.has_dspark:
+        raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter to check")
+    body = draft_body if body is None else body
+    token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
+    model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    rings = DrafterCache(model, batch + 1, margin=args.dspark_block_size + 1)
+    inputs = DraftInputs(model, batch, scratch_row=batch, window=rings.window)
+    sink = TraceBuffers() if trace else None
+    try:
+        with torch.inference_mode():
+            body(model, rings, inputs, sink, greedy)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        raise CaptureUnsafeError(f"the draft body is not capture-safe: {type(e).__name__}: {e}") from e
+    if not (inputs.base.is_meta and inputs.tokens.is_meta):
+        raise CaptureUnsafeError("the draft body's outputs left the meta device")

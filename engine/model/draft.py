@@ -52,6 +52,7 @@ class DraftContext:
     trace: object | None = None
     image_mask: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)
+    static: bool = False            # CUDA-graph draft body: static shapes, no host reads (engine.graphs)
 
     def cached(self, key, make):
         if key not in self.memo:
@@ -59,6 +60,10 @@ class DraftContext:
         return self.memo[key]
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, positions) as the Trace receives them; static: the device tensors as they are (the graph's
+        trace buffers ignore them and the host supplies its own)."""
+        if self.static:
+            return self.rows, self.positions
         return self.rows, self.cached("positions_cpu", lambda: self.positions.cpu())
 
 
