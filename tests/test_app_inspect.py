@@ -32,13 +32,24 @@ def text_of(at: AppTest) -> str:
     return "\n".join(m.value for m in at.markdown)
 
 
-def test_page_loads_the_default_model_and_says_the_weights_are_random():
+def test_page_loads_the_shipped_trained_model_by_default():
     at = inspect_page()
     assert not at.exception, at.exception
     assert at.title[0].value == "Inspect a generation"
-    assert at.selectbox(key="inspect_model").value == "tiny-v4.1"
-    assert any("the text is noise; the machinery is real" in w.value for w in at.warning)
+    assert at.selectbox(key="inspect_model").value == "checkpoint:default"
+    assert not any("the text is noise" in w.value for w in at.warning)
+    card = json.loads((Path(APP).parent / "checkpoints" / "default" / "card.json").read_text())
+    assert any(f"held-out loss {card['heldout']['loss']:.2f}" in c.value and "MODEL_CARD.md" in c.value
+               for c in at.caption)
     assert any("press Generate" in i.value for i in at.info)
+
+
+def test_a_random_weight_preset_says_its_text_is_noise():
+    at = inspect_page(model="tiny-v4.1")
+    assert not at.exception, at.exception
+    assert at.selectbox(key="inspect_model").value == "tiny-v4.1"
+    assert any("the text is noise; the machinery is real" in w.value and "trained `default` checkpoint" in w.value
+               for w in at.warning)
 
 
 def test_generate_then_every_panel_renders_with_data():
@@ -55,7 +66,7 @@ def test_generate_then_every_panel_renders_with_data():
         if panel == "DSpark":
             assert any("No DSpark steps" in i.value for i in at.info)       # DSpark was off
     assert charts["Experts"] == 3 and charts["mHC"] == 4 and charts["Engram"] == 1 and charts["Attention"] == 2
-    assert at.query_params["panel"] == "Attention" and at.query_params["model"] == "tiny-v4.1"
+    assert at.query_params["panel"] == "Attention" and at.query_params["model"] == "checkpoint:default"
 
 
 def test_dspark_run_fills_the_dspark_panel():

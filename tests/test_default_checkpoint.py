@@ -1,0 +1,105 @@
+"""The shipped default model (checkpoints/default): loads, generates deterministically, and its card re-measures."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.cli import main as cli_main
+from engine.dspark.metrics import summarize
+from engine.dspark.speculative import DSparkConfig, generate_speculative
+from engine.generate import Engine
+from engine.training.card import (PROMPTS, balance_table, heldout_windows, measure_heldout, render,
+                                  unigram_loss)
+from engine.training.corpus import TOKENS_NAME, load_tokens, sha256_file
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = ROOT / "checkpoints" / "default"
+DATA = ROOT / "data" / "shakespeare"   # written by `python -m engine prepare_data` (scripts/test.sh runs it)
+SHIPPED = ("config.json", "model.safetensors", "id_map.json", "log.csv", "drafter_log.csv", "card.json",
+           "MODEL_CARD.md", "loss_curve.png")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.set_num_threads(1)
+    return Engine.load(checkpoint=CKPT)
+
+
+@pytest.fixture(scope="module")
+def card():
+    return json.loads((CKPT / "card.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def corpus(card):
+    if not (DATA / "manifest.json").is_file():
+        pytest.fail(f"{DATA} is missing: run `python -m engine prepare_data --out {DATA.relative_to(ROOT)}` "
+                    "(scripts/test.sh does)")
+    assert sha256_file(DATA / TOKENS_NAME) == card["corpus"]["tokens_sha256"], \
+        f"{DATA / TOKENS_NAME} is not the corpus the shipped card was measured on"
+    return load_tokens(DATA)
+
+
+def test_shipped_files_fit_the_size_budget():
+    missing = [n for n in SHIPPED if not (CKPT / n).is_file()]
+    assert not missing, f"checkpoints/default lacks {missing}"
+    total = sum(p.stat().st_size for p in CKPT.iterdir() if p.is_file())
+    assert total <= 40 * 1000 * 1000, f"checkpoints/default is {total:,} bytes, over the 40 MB budget"
+
+
+def test_greedy_and_seeded_sampling_are_deterministic(engine):
+    greedy = [engine.generate_text("ROMEO:", max_new_tokens=24).texts[0] for _ in range(2)]
+    assert greedy[0] == greedy[1] and greedy[0].strip()
+    sampled = [engine.generate_text("JULIET:", max_new_tokens=24, temperature=0.8, seed=7).texts[0] for _ in range(2)]
+    assert sampled[0] == sampled[1]
+    other = engine.generate_text("JULIET:", max_new_tokens=24, temperature=0.8, seed=8).texts[0]
+    assert other != sampled[0]  # the seed is what fixes the sample
+
+
+def test_cli_default_prints_english_from_the_shipped_model(engine, corpus, capsys):
+    assert cli_main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "48"]) == 0
+    captured = capsys.readouterr()
+    assert str(CKPT) in captured.err  # the default weights are the shipped checkpoint
+    assert captured.out.startswith("ROMEO:")
+    words = re.findall(r"[A-Za-z]+", captured.out[len("ROMEO:"):])[:-1]   # the last word may be cut off
+    assert len(words) >= 10, captured.out
+    known = set(w.lower() for w in re.findall(r"[A-Za-z]+", engine.tokenizer.decode(corpus["train"].tolist())))
+    share = sum(w.lower() in known for w in words) / len(words)
+    # a small model also coins Shakespeare-like words ("substanting"); random weights score near 0
+    assert share >= 0.75, f"only {share:.0%} of the generated words occur in the training text: {captured.out!r}"
+
+
+def test_model_card_markdown_is_rendered_from_card_json(card):
+    assert (CKPT / "MODEL_CARD.md").read_text(encoding="utf-8") == render(card)
+    assert card["model"]["bytes_on_disk"] == (CKPT / "model.safetensors").stat().st_size
+
+
+def test_card_heldout_numbers_are_remeasured_equal(engine, card, corpus):
+    h = card["heldout"]
+    windows = heldout_windows(corpus["heldout"], h["seq"], h["windows"])    # [n, seq + 1]
+    assert len(windows) == h["windows"]
+    held = measure_heldout(engine.model, windows, batch=8)
+    assert held["tokens"] == h["tokens"]
+    assert held["loss"] == pytest.approx(h["loss"], rel=1e-4)
+    base = unigram_loss(corpus["train"], windows[:, 1:].reshape(-1), engine.args.vocab_size)
+    assert base == pytest.approx(h["unigram_loss"], rel=1e-12)
+    table = balance_table(held["loads"])
+    worst = max(r["max_violation"] for r in table)
+    assert worst == pytest.approx(card["expert_balance"]["max_violation"], abs=1e-9)
+    means = {path: float(g.mean()) for path, g in held["gates"].items()}
+    for row in card["engram"]["layers"]:
+        assert means[row["layer"]] == pytest.approx(row["mean"], rel=1e-4)
+
+
+def test_card_dspark_accepted_length_is_remeasured_equal(engine, card):
+    d, settings = card["dspark"], card["sample_settings"]
+    steps = [s for p in PROMPTS for s in generate_speculative(
+        engine.model, [engine.encode(p)], max_new_tokens=settings["max_new_tokens"], temperature=0.0,
+        seed=settings["seed"], stop_tokens=(), dspark=DSparkConfig()).steps]
+    assert summarize(steps).mean_accepted_length == pytest.approx(d["T=0"]["mean_accepted_length"], rel=1e-12)
+    assert d["T=0"]["outputs_identical"] is True
