@@ -91,6 +91,9 @@ def test_card_heldout_numbers_are_remeasured_equal(engine, card, corpus):
     table = balance_table(held["loads"])
     worst = max(r["max_violation"] for r in table)
     assert worst == pytest.approx(card["expert_balance"]["max_violation"], abs=1e-9)
+    train = measure_heldout(engine.model, heldout_windows(corpus["train"], h["seq"], h["windows"]), batch=8)
+    want = {r["layer"]: r["train_max_violation"] for r in card["expert_balance"]["layers"]}
+    assert {r["layer"]: pytest.approx(r["max_violation"], abs=1e-9) for r in balance_table(train["loads"])} == want
     means = {path: float(g.mean()) for path, g in held["gates"].items()}
     for row in card["engram"]["layers"]:
         assert means[row["layer"]] == pytest.approx(row["mean"], rel=1e-4)

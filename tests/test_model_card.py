@@ -91,6 +91,7 @@ def test_balance_engram_dspark_and_samples_are_measured(inputs):
     for r in layers:
         assert r["max_violation"] == pytest.approx(r["max_load"] / (routed / args.n_routed_experts) - 1)
     assert card["expert_balance"]["max_violation"] == max(r["max_violation"] for r in layers)
+    assert card["expert_balance"]["train_max_violation"] == max(r["train_max_violation"] for r in layers) >= 0
     e = card["engram"]
     assert len(e["layers"]) == len(args.engram_layer_ids)
     for r in e["layers"]:
