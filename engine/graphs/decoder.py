@@ -5,6 +5,7 @@ import torch
 
 from .buckets import bucket_for
 from .decode_body import decode_body
+from .replay_mode import capture_for, scratch_row_for
 from .static_inputs import DecodeInputs
 from .trace_buffers import TraceBuffers
 
@@ -41,14 +42,8 @@ class GraphedDecoder:
                  warmup: int = 2, min_bucket: int = 1, tokens_per_row: int = 1, logits: str = "last",
                  return_taps: bool = False):
         self.model, self.cache = model, cache
-        self.scratch_row = cache.batch_size - 1 if scratch_row is None else int(scratch_row)
-        if not 0 <= self.scratch_row < cache.batch_size:
-            raise ValueError(f"scratch_row {self.scratch_row} outside the cache's rows 0..{cache.batch_size - 1}")
-        cuda = model.device.type == "cuda"
-        self.capture = cuda if capture is None else bool(capture)
-        if self.capture and not cuda:
-            raise ValueError(f"capture=True needs the model on a CUDA device, not {model.device}; "
-                             "capture=False replays the same static body eagerly")
+        self.scratch_row = scratch_row_for(scratch_row, cache.batch_size, "the cache's")
+        self.capture = capture_for(model, capture)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         if tokens_per_row < 1:
             raise ValueError(f"tokens_per_row must be at least 1, got {tokens_per_row}")

@@ -6,6 +6,7 @@ import torch
 from ..dspark.drafter import Draft, markov_drafts
 from .buckets import bucket_for
 from .draft_body import DraftInputs, draft_body
+from .replay_mode import capture_for, scratch_row_for
 from .trace_buffers import TraceBuffers
 
 
@@ -34,15 +35,8 @@ class GraphedDrafter:
         if not len(model.mtp):
             raise ValueError("GraphedDrafter: the model has no DSpark draft stages")
         self.model, self.rings = model, rings
-        self.scratch_row = rings.batch_size - 1 if scratch_row is None else int(scratch_row)
-        if not 0 <= self.scratch_row < rings.batch_size:
-            raise ValueError(f"scratch_row {self.scratch_row} outside the drafter cache's rows "
-                             f"0..{rings.batch_size - 1}")
-        cuda = model.device.type == "cuda"
-        self.capture = cuda if capture is None else bool(capture)
-        if self.capture and not cuda:
-            raise ValueError(f"capture=True needs the model on a CUDA device, not {model.device}; "
-                             "capture=False replays the same static body eagerly")
+        self.scratch_row = scratch_row_for(scratch_row, rings.batch_size, "the drafter cache's")
+        self.capture = capture_for(model, capture)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, bool, bool], _DraftBucket] = {}
 
