@@ -8,7 +8,7 @@ import sys
 from .config import ConfigError
 
 # One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
-COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter")
+COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distill-weight", type=float, default=d.distill_weight,
                         help="weight of the cross-entropy against the frozen target's next-token distribution, "
                              f"0 = real tokens only (default {d.distill_weight})")
+    parser.add_argument("--continuations", metavar="FILE",
+                        help="greedy continuations of the target (`python -m engine continuations`) to train on "
+                             "next to the corpus: at T=0 verification follows exactly such trajectories")
+    parser.add_argument("--continuation-share", type=float, default=d.continuation_share,
+                        help="with --continuations: the share of each batch taken from them "
+                             f"(default {d.continuation_share})")
     parser.add_argument("--init-drafter", metavar="CKPT",
                         help="start from the drafter (mtp.* tensors) of another checkpoint of the same config, e.g. "
                              "one trained on an earlier snapshot of the backbone (default: the checkpoint's own)")
@@ -47,12 +53,17 @@ def run(args: argparse.Namespace) -> int:
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
     cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                              warmup=args.warmup, confidence_weight=args.confidence_weight,
-                             distill_weight=args.distill_weight,
+                             distill_weight=args.distill_weight, continuation_share=args.continuation_share,
                              save_every=args.save_every, seed=args.seed)
+    continuations = None
+    if args.continuations:
+        from ..training.continuations import load_continuations
+        continuations = load_continuations(args.continuations, engine.args.vocab_size, cfg.seq + 1)
     ckpt = Path(args.checkpoint)
     ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent
     trainer = DrafterTrainer(engine.model, cfg, load_tokens(args.data), args.out,
-                             id_map_file=ckpt_dir / ID_MAP_NAME, backbone_log=ckpt_dir / "log.csv", resume=args.resume)
+                             id_map_file=ckpt_dir / ID_MAP_NAME, backbone_log=ckpt_dir / "log.csv", resume=args.resume,
+                             continuations=continuations)
     rows = trainer.run(progress=not args.no_progress)
     if rows:
         last = rows[-1]

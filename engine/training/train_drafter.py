@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dspark.teacher_forced import draft_teacher_forced
+from .continuations import continuation_windows
 from .log import Progress, _fmt, read_log
 from .state import STATE_NAME, export_checkpoint, load_training_state, save_training_state
 from .train import lr_at, train_windows
@@ -38,6 +39,9 @@ class DrafterTrainConfig:
     # distribution at the same position. Acceptance compares the draft with the target, not with the data,
     # so matching the target's distribution is what raises the accepted length.
     distill_weight: float = 1.0
+    # with a continuations file (engine.training.continuations): the share of each batch cut from the target's
+    # greedy continuations instead of the corpus
+    continuation_share: float = 0.75
     save_every: int = 100
     seed: int = 0
 
@@ -52,6 +56,8 @@ class DrafterTrainConfig:
                 raise ValueError(f"DrafterTrainConfig.{key} must be >= 0, got {getattr(self, key)}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need 0 <= min_lr ({self.min_lr}) <= lr ({self.lr})")
+        if not 0 <= self.continuation_share <= 1:
+            raise ValueError(f"DrafterTrainConfig.continuation_share must lie in [0, 1], got {self.continuation_share}")
 
 
 @dataclass
@@ -126,7 +132,7 @@ class DrafterTrainer:
 
     def __init__(self, model, cfg: DrafterTrainConfig, data: dict[str, np.ndarray], out: str | Path,
                  id_map_file: Path | None = None, backbone_log: Path | None = None, resume: bool = False,
-                 log=print):
+                 continuations: np.ndarray | None = None, log=print):
         self.model, self.cfg, self.out, self.log = model, cfg, Path(out), log
         self.backbone_log = backbone_log
         tokens = data["train"]
@@ -134,6 +140,7 @@ class DrafterTrainer:
             raise ValueError(f"train tokens reach id {int(tokens.max())}, outside the config's vocab_size "
                              f"{model.args.vocab_size}: prepare the data with the id map of this checkpoint")
         self.train_tokens = tokens
+        self.continuations = continuations                # [n, L] greedy continuations of the target, or None
         model.eval()                                      # the drafter has no dropout; eval freezes nothing else
         decay, no_decay, self.names = freeze_backbone(model)
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -170,7 +177,7 @@ class DrafterTrainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = train_windows(self.train_tokens, self.step, cfg)             # [B, seq + 1]
+        batch = self.windows()                                               # [B, seq + 1]
         parts = drafter_loss(self.model, batch, cfg.confidence_weight, cfg.distill_weight)
         self.optimizer.zero_grad(set_to_none=True)
         parts.loss.backward()
@@ -185,6 +192,16 @@ class DrafterTrainer:
                "target_acceptance": parts.target, "lr": lr, "step_s": dt, "elapsed_s": self.elapsed}
         self._write_log(row)
         return row
+
+    def windows(self) -> torch.Tensor:
+        """This step's [batch, seq + 1] windows: continuation_share of them from the continuations (when given),
+        the rest from the corpus."""
+        cfg = self.cfg
+        n = round(cfg.batch * cfg.continuation_share) if self.continuations is not None else 0
+        parts = [continuation_windows(self.continuations, n, cfg.seq, cfg.seed, self.step)] if n else []
+        if cfg.batch > n:
+            parts.append(train_windows(self.train_tokens, self.step, cfg)[:cfg.batch - n])
+        return torch.cat(parts)
 
     def save(self) -> None:
         state = {"format": STATE_FORMAT, "step": self.step, "elapsed_s": self.elapsed,

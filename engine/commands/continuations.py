@@ -1,0 +1,51 @@
+"""`python -m engine continuations`: the target's greedy continuations of training-text prompts (drafter data)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .run_args import apply_threads
+
+HELP = ("write a checkpoint's own greedy continuations of random training-text prompts: sequence-level "
+        "distillation data for `train_drafter --continuations`")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..training.continuations import ContinuationSpec
+    d = ContinuationSpec()
+    parser.add_argument("--checkpoint", required=True, help="the trained backbone (directory with model.safetensors, "
+                        "config.json, id_map.json)")
+    parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
+    parser.add_argument("--out", required=True, help="the .safetensors file to write")
+    parser.add_argument("--sequences", type=int, default=d.sequences, help=f"continuations (default {d.sequences})")
+    parser.add_argument("--prompt-len", type=int, default=d.prompt_len,
+                        help=f"training-text tokens before each (default {d.prompt_len})")
+    parser.add_argument("--new-tokens", type=int, default=d.new_tokens,
+                        help=f"greedy tokens after each prompt (default {d.new_tokens})")
+    parser.add_argument("--batch", type=int, default=d.batch, help=f"prompts decoded together (default {d.batch})")
+    parser.add_argument("--seed", type=int, default=d.seed, help="picks the prompts")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generate import Engine
+    from ..training.card import check_same_vocabulary
+    from ..training.continuations import ContinuationSpec, make_continuations, save_continuations
+    from ..training.corpus import load_tokens
+
+    apply_threads(args.threads)
+    spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed)
+    train = load_tokens(args.data)["train"]
+    engine = Engine.load(checkpoint=args.checkpoint)
+    check_same_vocabulary(engine, Path(args.data))
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r{done}/{total} continuations", end="", file=sys.stderr, flush=True)
+
+    rows = make_continuations(engine.model, train, spec, progress)
+    print(file=sys.stderr)
+    path = save_continuations(args.out, rows, spec, args.checkpoint)
+    print(f"wrote {path}: {rows.shape[0]} rows of {rows.shape[1]} tokens ({spec.prompt_len} prompt + "
+          f"{spec.new_tokens} greedy)")
+    return 0

@@ -1,0 +1,100 @@
+"""Sequence-level distillation data for the drafter: the frozen target's own greedy continuations of prompts
+cut from the training text. At T=0 verification accepts a draft exactly when it equals the target's argmax,
+so the trajectories the target itself produces are what the drafter must learn to predict."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+FILE_FORMAT = "v41viz-continuations/1"
+
+
+@dataclass(frozen=True)
+class ContinuationSpec:
+    sequences: int = 2048       # how many continuations
+    prompt_len: int = 16        # tokens of training text before each
+    new_tokens: int = 128       # greedy tokens generated after each prompt
+    batch: int = 64             # prompts decoded together
+    seed: int = 0               # picks the prompt offsets
+
+    def __post_init__(self) -> None:
+        for key in ("sequences", "prompt_len", "new_tokens", "batch"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"continuations: {key} must be at least 1, got {getattr(self, key)}")
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len + self.new_tokens
+
+
+def make_continuations(model, train: np.ndarray, spec: ContinuationSpec,
+                       progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the model's
+    greedy continuation (no stop token, so every row has the full length). Deterministic for a fixed spec."""
+    from ..generate import generate
+    if train.size < spec.prompt_len + 1:
+        raise ValueError(f"continuations: the training stream has {train.size} tokens, fewer than a "
+                         f"{spec.prompt_len}-token prompt")
+    if spec.length > model.args.max_seq_len:
+        raise ValueError(f"continuations: prompt_len + new_tokens = {spec.length} exceeds the model's max_seq_len "
+                         f"{model.args.max_seq_len}")
+    starts = np.random.default_rng(spec.seed).integers(0, train.size - spec.prompt_len, spec.sequences)
+    rows = np.empty((spec.sequences, spec.length), dtype=np.int32)
+    for first in range(0, spec.sequences, spec.batch):
+        chunk = starts[first:first + spec.batch]
+        prompts = [train[s:s + spec.prompt_len].tolist() for s in chunk]
+        result = generate(model, prompts, max_new_tokens=spec.new_tokens, stop_tokens=())
+        for i, (prompt, new) in enumerate(zip(prompts, result.tokens)):
+            rows[first + i] = prompt + new
+        if progress is not None:
+            progress(first + len(chunk), spec.sequences)
+    return rows
+
+
+def save_continuations(path: str | Path, rows: np.ndarray, spec: ContinuationSpec, checkpoint: str) -> Path:
+    from safetensors.numpy import save_file
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"tokens": np.ascontiguousarray(rows, dtype=np.int32)}, str(path),
+              metadata={"format": FILE_FORMAT, "spec": json.dumps(asdict(spec)), "checkpoint": str(checkpoint)})
+    return path
+
+
+def load_continuations(path: str | Path, vocab_size: int, min_length: int) -> np.ndarray:
+    """The [n, L] token rows of a continuations file, checked: the format, a 2-D integer table, rows at least
+    min_length long (a training window), ids inside the model's vocabulary."""
+    from safetensors import safe_open
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such continuations file; write one with `python -m engine continuations`")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            rows = f.get_tensor("tokens") if "tokens" in f.keys() else None
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+    if meta.get("format") != FILE_FORMAT:
+        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FILE_FORMAT!r} (a file written by "
+                         "`python -m engine continuations`)")
+    if rows is None or rows.ndim != 2 or rows.dtype.kind not in "iu":
+        raise ValueError(f"{path}: needs a 2-D integer tensor 'tokens'")
+    if rows.shape[0] == 0 or rows.shape[1] < min_length:
+        raise ValueError(f"{path}: rows of {rows.shape[1]} tokens ({rows.shape[0]} rows); training windows need "
+                         f"{min_length}")
+    if rows.min() < 0 or rows.max() >= vocab_size:
+        raise ValueError(f"{path}: token ids reach {int(rows.max())}, outside the model's vocab_size {vocab_size}: "
+                         "the file was made with another id map")
+    return rows
+
+
+def continuation_windows(rows: np.ndarray, count: int, seq: int, seed: int, step: int) -> torch.Tensor:
+    """[count, seq + 1] windows cut from random rows at random offsets, a pure function of (seed, step)."""
+    rng = np.random.default_rng([seed, step, 1])
+    picks = rng.integers(0, rows.shape[0], count)
+    offsets = rng.integers(0, rows.shape[1] - seq, count)                   # window end ≤ row length
+    return torch.from_numpy(np.stack([rows[r, o:o + seq + 1] for r, o in zip(picks, offsets)]).astype(np.int64))
