@@ -163,3 +163,21 @@ def test_a_corpus_prepared_with_another_id_map_is_refused(inputs, tmp_path):
     IdMap.from_counts(Counter(tok.encode("Another text, another vocabulary.")), tok, 1).save(other)
     with pytest.raises(ValueError, match="differs from the checkpoint's id map"):
         build_card(ckpt, other, OPTS)
+
+
+def test_drafter_phases_list_every_drafter_log_last_phase_last(tmp_path):
+    from engine.training.card import drafter_phases
+    header = "step,loss,ce,distill,confidence_loss,predicted_acceptance,target_acceptance,lr,step_s,elapsed_s\n"
+
+    def write(name, ces):
+        rows = "".join(f"{i + 1},0,{ce},0,0,0,0,0,1,{(i + 1) * 2.0}\n" for i, ce in enumerate(ces))
+        (tmp_path / name).write_text(header + rows, encoding="utf-8")
+    write("drafter_log.csv", [9.0] * 5 + [3.0] * 10)
+    write("drafter_phase2_log.csv", [4.0, 2.0])
+    write("drafter_phase1_log.csv", [6.0])
+    got = drafter_phases(tmp_path)
+    assert [p["log"] for p in got] == ["drafter_phase1_log.csv", "drafter_phase2_log.csv", "drafter_log.csv"]
+    assert [p["steps"] for p in got] == [1, 2, 15]
+    assert [p["elapsed_s"] for p in got] == [2.0, 4.0, 30.0]
+    assert [p["final_ce_mean_last10"] for p in got] == [6.0, 3.0, 3.0]     # the last ten steps only
+    assert drafter_phases(tmp_path / "nothing") == []

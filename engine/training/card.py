@@ -146,6 +146,18 @@ def log_summary(rows: list[dict[str, str]]) -> dict:
             "curve": {"train": train, "heldout": held}}
 
 
+def drafter_phases(ckpt: Path) -> list[dict]:
+    """One entry per drafter training log in the checkpoint: drafter_phase*_log.csv in order, then
+    drafter_log.csv (the phase that produced the shipped drafter)."""
+    out = []
+    for path in sorted(ckpt.glob("drafter_phase*_log.csv")) + [ckpt / "drafter_log.csv"]:
+        rows = read_log(path) if path.is_file() else []
+        if rows:
+            out.append({"log": path.name, "steps": int(rows[-1]["step"]), "elapsed_s": float(rows[-1]["elapsed_s"]),
+                        "final_ce_mean_last10": float(np.mean([float(r["ce"]) for r in rows[-10:]]))})
+    return out
+
+
 def plot_loss(curve: dict, unigram: float, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -257,7 +269,7 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
         "expert_balance": {"layers": [{**r, "train_max_violation": train_balance.get(r["layer"])} for r in balance],
                            "max_violation": max((r["max_violation"] for r in balance), default=None),
                            "train_max_violation": max(train_balance.values(), default=None)},
-        "engram": engram, **decoding,
+        "engram": engram, "drafter_training": drafter_phases(ckpt), **decoding,
     }
     plot_loss(training["curve"], base, ckpt / "loss_curve.png")
     (ckpt / "card.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
@@ -329,6 +341,13 @@ def render(card: dict) -> str:
                        f"{_f(r['plain_tokens_per_s'], 1)} | {_f(r['dspark_tokens_per_s'], 1)} | {_f(r['speedup'], 2)} | "
                        f"{'yes' if r['outputs_identical'] else 'no'} |")
         out += ["", "At T=1 the sampled tokens follow the same distribution but need not be the same tokens."]
+        phases = card.get("drafter_training") or []
+        if phases:
+            out += ["", "Drafter training (backbone frozen; block cross-entropy over each phase's own batches, so "
+                    "phases trained on different data are not comparable):", "",
+                    "| log | steps | seconds | block CE, last 10 steps |", "|---|---|---|---|"]
+            out += [f"| {p['log']} | {p['steps']} | {_f(p['elapsed_s'], 0)} | {_f(p['final_ce_mean_last10'])} |"
+                    for p in phases]
     s = card["sample_settings"]
     out += ["", f"## Samples (temperature {s['temperature']}, seed {s['seed']}, {s['max_new_tokens']} new tokens)", ""]
     for r in card["samples"]:
