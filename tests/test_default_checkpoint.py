@@ -104,5 +104,7 @@ def test_card_dspark_accepted_length_is_remeasured_equal(engine, card):
     steps = [s for p in PROMPTS for s in generate_speculative(
         engine.model, [engine.encode(p)], max_new_tokens=settings["max_new_tokens"], temperature=0.0,
         seed=settings["seed"], stop_tokens=(), dspark=DSparkConfig()).steps]
-    assert summarize(steps).mean_accepted_length == pytest.approx(d["T=0"]["mean_accepted_length"], rel=1e-12)
+    accepted = summarize(steps).mean_accepted_length
+    assert accepted == pytest.approx(d["T=0"]["mean_accepted_length"], rel=1e-12)
+    assert accepted >= 2.5, "the shipped drafter falls short of the default model's T=0 target (issue 6)"
     assert d["T=0"]["outputs_identical"] is True
