@@ -143,6 +143,8 @@ def test_dspark_views_agree_with_the_steps(spec, slot):
     assert m.mean_accepted_length == pytest.approx(np.mean([s.accepted + 1 for s in steps]))
     page = pd_.steps_html(trace, slot.engine.tokenizer.token_text)
     assert page.count("<div><b>step") == len(steps) and pd_.VERDICT_COLOURS["not verified"] in page
+    newline = pd_.steps_html(trace, lambda t: "\n<")   # every token a newline: each step stays one line
+    assert "\n" not in newline and newline.count("⏎&lt;") == sum(len(s.drafted) + 2 for s in steps)
     table = pd_.steps_table(trace, slot.engine.tokenizer.token_text)
     assert table["scheduled"].tolist() == [s.verify_len for s in steps]
     assert len(pd_.acceptance_figure(m).data[0].y) == slot.args.dspark_block_size

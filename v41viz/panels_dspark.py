@@ -45,21 +45,26 @@ def steps_table(trace: Trace, token_text, row: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def chip(text: str) -> str:
+    """A token's text for one chip of a step line: escaped, a newline shown as ⏎ (the line stays one line)."""
+    return html.escape(text).replace("\n", "⏎") or "∅"
+
+
 def steps_html(trace: Trace, token_text, row: int = 0, limit: int = 40) -> str:
     """One line per step: [anchor] then drafts on green (accepted), red (rejected), grey (not verified),
     then the replacement or bonus token the target supplied; hover shows confidence and survival."""
     lines = []
     for s in steps(trace, row)[:limit]:
         cells = [f'<span style="border:1px solid #6b7280;border-radius:3px;padding:0 3px">'
-                 f'{html.escape(token_text(s.anchor_token))}</span>']
+                 f'{chip(token_text(s.anchor_token))}</span>']
         for k, v in enumerate(verdicts(s)):
             tip = f"{v}; q={s.draft_probs[k]:.3f}"
             if k < len(s.confidences):
                 tip += f", confidence {s.confidences[k]:.3f}, survival {s.survival[k]:.3f}"
             cells.append(f'<span title="{tip}" style="background:{VERDICT_COLOURS[v]};border-radius:3px;'
-                         f'padding:0 3px">{html.escape(token_text(int(s.drafted[k])))}</span>')
+                         f'padding:0 3px">{chip(token_text(int(s.drafted[k])))}</span>')
         cells.append(f'<span title="{s.next_kind} from the target" style="text-decoration:underline">'
-                     f'→ {html.escape(token_text(s.next_token))}</span>')
+                     f'→ {chip(token_text(s.next_token))}</span>')
         lines.append(f'<div><b>step {s.step}</b> (sent {s.verify_len}, kept {s.accepted}) ' + " ".join(cells) + "</div>")
     return '<div style="font-family:monospace;line-height:1.9;white-space:pre">' + "".join(lines) + "</div>"
 
