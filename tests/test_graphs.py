@@ -281,16 +281,22 @@ def test_cuda_graph_capture_and_replay_match_eager():
     assert len(ids_e) == len(ids_g) and sum(np.array_equal(a, b) for a, b in zip(ids_e, ids_g)) >= 0.95 * len(ids_e)
 
 
-def test_cli_generate_with_cuda_graphs_writes_the_same_text_and_trace(tmp_path, capsys):
+def generate_with_and_without_graphs(tmp_path, capsys, extra: list[str], suffix: str):
+    """`generate` on tiny-v4.1 (random init, seed 4) eagerly, then with --cuda-graphs, each writing a trace →
+    (eager stdout, graphed stdout, graphed stderr, eager trace, graphed trace)."""
     from engine.cli import main
-    base = ["generate", "--config", "tiny-v4.1", "--random-init", "--seed", "4", "--prompt", "The cat",
-            "--max-new-tokens", "6"]
-    assert main(base + ["--trace", str(tmp_path / "plain.safetensors")]) == 0
+    base = ["generate", "--config", "tiny-v4.1", "--random-init", "--seed", "4", *extra]
+    assert main(base + ["--trace", str(tmp_path / f"eager{suffix}")]) == 0
     plain = capsys.readouterr().out
-    assert main(base + ["--cuda-graphs", "--trace", str(tmp_path / "graphs.safetensors")]) == 0
+    assert main(base + ["--cuda-graphs", "--trace", str(tmp_path / f"graphs{suffix}")]) == 0
     out, err = capsys.readouterr()
+    return plain, out, err, Trace.load(tmp_path / f"eager{suffix}"), Trace.load(tmp_path / f"graphs{suffix}")
+
+
+def test_cli_generate_with_cuda_graphs_writes_the_same_text_and_trace(tmp_path, capsys):
+    plain, out, err, a, b = generate_with_and_without_graphs(
+        tmp_path, capsys, ["--prompt", "The cat", "--max-new-tokens", "6"], ".safetensors")
     assert out == plain and "static decode body runs eagerly" in err
-    a, b = Trace.load(tmp_path / "plain.safetensors"), Trace.load(tmp_path / "graphs.safetensors")
     assert [t.token_id for t in a.tokens(0)] == [t.token_id for t in b.tokens(0)]
     ids = [(p, q, v[0].tolist()) for p, _, _, q, v in a.facts("moe")]
     assert ids == [(p, q, v[0].tolist()) for p, _, _, q, v in b.facts("moe")] and len(ids) > 10 * 6
@@ -298,15 +304,9 @@ def test_cli_generate_with_cuda_graphs_writes_the_same_text_and_trace(tmp_path, 
 
 def test_cli_generate_with_cuda_graphs_and_dspark(tmp_path, capsys):
     """--cuda-graphs with --dspark (refused before graphed verify steps existed): same text, same DSpark steps."""
-    from engine.cli import main
-    base = ["generate", "--config", "tiny-v4.1", "--random-init", "--seed", "4", "--prompt", "x", "--dspark",
-            "--max-new-tokens", "5"]
-    assert main(base + ["--trace", str(tmp_path / "eager.json")]) == 0
-    plain = capsys.readouterr().out
-    assert main(base + ["--cuda-graphs", "--trace", str(tmp_path / "graphs.json")]) == 0
-    out, err = capsys.readouterr()
+    plain, out, err, a, b = generate_with_and_without_graphs(
+        tmp_path, capsys, ["--prompt", "x", "--dspark", "--max-new-tokens", "5"], ".json")
     assert out == plain and "DSpark:" in err
-    a, b = Trace.load(tmp_path / "eager.json"), Trace.load(tmp_path / "graphs.json")
     assert [(s.anchor_pos, s.verify_len, s.accepted, s.next_token) for s in a.dspark_steps] == \
         [(s.anchor_pos, s.verify_len, s.accepted, s.next_token) for s in b.dspark_steps] and a.dspark_steps
 

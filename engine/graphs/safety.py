@@ -13,6 +13,13 @@ class CaptureUnsafeError(RuntimeError):
     """The decode body read a device value on the host (or built a value-dependent shape): it cannot be captured."""
 
 
+def _meta_model(args, dtype, options):
+    """`args`' Transformer on the meta device: shapes, no values (any Engram token map will do)."""
+    from ..model import Transformer
+    token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
+    return Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+
+
 def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=torch.bfloat16, options=None,
                        trace: bool = True, body=decode_body, n_tokens: int = 1, logits: str = "last",
                        taps: bool = False) -> None:
@@ -22,10 +29,7 @@ def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=tor
     here; they become a CaptureUnsafeError naming the cause. A clean run is the CPU stand-in for "capturable".
     n_tokens / logits / taps: the step's shape (a DSpark verify block: n_tokens = γ + 1, "all", taps).
     """
-    from ..model import Transformer
-
-    token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
-    model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    model = _meta_model(args, dtype, options)
     cache = model.new_cache(batch + 1, max_seq_len)
     inputs = DecodeInputs(model, batch, scratch_row=batch, n_tokens=n_tokens, logits=logits, taps=taps)
     sink = TraceBuffers(f"{r.path}.attn" for r in args.roles[: args.n_layers]) if trace else None
@@ -44,14 +48,12 @@ def check_draft_capture_safe(args, *, batch: int = 2, dtype=torch.bfloat16, opti
     drafter rings and the static draft buffers on the meta device, the body run once (greedy: with the
     in-graph Markov argmax). A host read or value-sized shape anywhere raises CaptureUnsafeError."""
     from ..dspark.drafter_cache import DrafterCache
-    from ..model import Transformer
     from .draft_body import DraftInputs, draft_body
 
     if not args.has_dspark:
         raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter to check")
     body = draft_body if body is None else body
-    token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
-    model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    model = _meta_model(args, dtype, options)
     rings = DrafterCache(model, batch + 1, margin=args.dspark_block_size + 1)
     inputs = DraftInputs(model, batch, scratch_row=batch, window=rings.window)
     sink = TraceBuffers() if trace else None

@@ -84,8 +84,8 @@ class TraceBuffers:
         if not self.frozen:
             raise RuntimeError("TraceBuffers.emit before freeze(): no layout yet")
         host = {dt: flat.cpu() for dt, flat in self._flat.items()}   # one device→host copy per dtype
+        k = positions.size(1)
         for (kind, path, site), layout in self._layout.items():
-            k = positions.size(1)
             f = [host[dt][o:o + _numel(shape)].view(shape)[:n, :k] for dt, o, shape in layout]   # [n, k, …]
             if kind == "moe":
                 trace.record_moe(path, rows, positions, *f, None)

@@ -37,7 +37,7 @@ class Block(nn.Module):
     def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext):
         pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
                                    getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps,
-                                   torch_sinkhorn=_static(ctx))
+                                   torch_sinkhorn=ctx.static)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             row_err, col_err = stochastic_error(comb)
@@ -54,14 +54,9 @@ class Block(nn.Module):
         f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
         xn = self.ffn_norm(collapse(x, a_pre))
         # static shapes: the gathered expert path at any batch (the sorted one reads counts back to the host)
-        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, gathered=True) if _static(ctx) else \
+        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, gathered=True) if ctx.static else \
             self.ffn(xn, ctx.image_mask)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
         return expand(f, x, f_post, f_comb), f_pre
-
-
-def _static(ctx) -> bool:
-    """ForwardContext.static (CUDA-graph decode); the drafter's DraftContext has no such mode."""
-    return getattr(ctx, "static", False)
