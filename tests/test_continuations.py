@@ -14,6 +14,7 @@ from engine.training.continuations import (FILE_FORMAT, ContinuationSpec, contin
                                            make_continuations, save_continuations)
 from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, drafter_loss
 from model_helpers import tiny_model
+from test_model_card import inputs  # noqa: F401  (a tiny checkpoint and prepared data dir)
 
 V = 64
 CORPUS = np.random.default_rng(5).integers(3, V - 1, 600).astype(np.int32)   # model ids below the noise token
@@ -115,9 +116,28 @@ def test_training_on_continuations_raises_greedy_acceptance_on_them(rows, tmp_pa
     assert accepted() > accept0 + 0.5
 
 
-def test_cli_writes_a_file_train_drafter_reads(tmp_path):
-    help_text = build_parser().format_help()
-    assert "continuations" in help_text
-    args = build_parser().parse_args(["train_drafter", "--checkpoint", "c", "--out", "o", "--continuations", "f",
-                                      "--continuation-share", "0.5"])
-    assert args.continuations == "f" and args.continuation_share == 0.5
+def test_cli_writes_a_file_train_drafter_reads(inputs, tmp_path, capsys):
+    """`continuations` on a tiny trained-format checkpoint and prepared data dir, then `train_drafter --continuations`."""
+    from engine.cli import main
+    from engine.generate import Engine
+    from engine.training.corpus import load_tokens
+    from engine.training.log import read_log
+    ckpt, data = inputs[0], inputs[1]
+    assert "continuations" in build_parser().format_help()
+    out = tmp_path / "c.safetensors"
+    assert main(["continuations", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(out),
+                 "--sequences", "3", "--prompt-len", "4", "--new-tokens", "8", "--batch", "2", "--seed", "5"]) == 0
+    assert "3 rows of 12 tokens" in capsys.readouterr().out
+    engine = Engine.load(checkpoint=ckpt)
+    rows = load_continuations(out, engine.args.vocab_size, 12)
+    want = make_continuations(engine.model, load_tokens(data)["train"],
+                              ContinuationSpec(sequences=3, prompt_len=4, new_tokens=8, batch=2, seed=5))
+    assert np.array_equal(rows, want)
+    run = tmp_path / "run"
+    assert main(["train_drafter", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(run),
+                 "--continuations", str(out), "--continuation-share", "0.5", "--steps", "2", "--batch", "2",
+                 "--seq", "8", "--no-progress"]) == 0
+    assert [int(r["step"]) for r in read_log(run / "drafter_log.csv")] == [1, 2]
+    assert main(["train_drafter", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "x"),
+                 "--continuations", str(out), "--seq", "12"]) == 2           # rows too short for the windows
+    assert "training windows need 13" in capsys.readouterr().err
