@@ -2,7 +2,7 @@
 makes the first request of a fresh server run a page without this shell); each page calls page_setup()."""
 import streamlit as st
 
-from v41viz.sidebar import page_setup
+from v41viz.ui.sidebar import page_setup
 
 page_setup("Home")
 st.title("v41viz")

@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from .config import ConfigError
+from .spec.config import ConfigError
 
 # One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations")

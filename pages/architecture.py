@@ -1,8 +1,8 @@
 """Architecture page: the diagram drawn from config.json, module details and accounting."""
 import streamlit as st
 
-from v41viz import architecture_ui as ui
-from v41viz.sidebar import current_view, page_setup
+from v41viz.ui import architecture_page as ui
+from v41viz.ui.sidebar import current_view, page_setup
 
 page_setup("Architecture")
 config_key, view = current_view()

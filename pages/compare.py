@@ -1,8 +1,8 @@
 """Compare page: two configs side by side, differences highlighted."""
 import streamlit as st
 
-from v41viz import compare
-from v41viz.sidebar import args_for, available_configs, page_setup
+from v41viz.arch import compare
+from v41viz.ui.sidebar import args_for, available_configs, page_setup
 
 page_setup("Compare")
 st.title("Compare configs")

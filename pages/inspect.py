@@ -1,9 +1,9 @@
 """Inspect page: type a prompt, watch tokens stream, and see routing, mHC, Engram, DSpark and attention facts."""
 import streamlit as st
 
-from v41viz import engine_session, inspect_ui as ui, inspect_views as views
-from v41viz.inspect_nav import diagram_config
-from v41viz.sidebar import page_setup
+from v41viz.ui import engine_session, inspect_page as ui, inspect_panels as views
+from v41viz.ui.page_links import diagram_config
+from v41viz.ui.sidebar import page_setup
 
 page_setup("Inspect", config_picker=False)
 choice = ui.model_sidebar()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.config import load_config
+from engine.spec.config import load_config
 from engine.model import EngineOptions, Transformer, init_weights
 
 TINY = "configs/tiny-v4.1.json"

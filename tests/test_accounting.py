@@ -4,10 +4,11 @@ from math import ceil
 
 import pytest
 
-from engine.accounting import GIB, KINDS, account, kind_of, module_params
-from engine.config import list_presets, load_config
-from engine.inventory import tensor_inventory
-from engine.published_figures import published_figures
+from engine.spec.accounting import GIB, KINDS, account, kind_of, module_params
+from engine.spec.config import load_config
+from engine.spec.presets import list_presets
+from engine.spec.inventory import tensor_inventory
+from engine.spec.published_figures import published_figures
 
 V41 = load_config(list_presets()["deepseek-v4.1-flash"])
 V4 = load_config(list_presets()["deepseek-v4-flash"])
@@ -309,7 +310,7 @@ def test_kv_scales_round_up_for_narrow_heads():
 
 def test_engine_state_dict_uses_the_inventory_names_and_shapes():
     """The engine's own tiny checkpoints are saved under the official names: state_dict == inventory."""
-    from engine.model.transformer import Transformer   # torch only here; the accounting itself is torch-free
+    from engine.model.transformer import Transformer  # torch only here; the accounting itself is torch-free
 
     state = Transformer(TINY41).state_dict()
     inv = {t.name: t.shape for t in tensor_inventory(TINY41)}

@@ -4,8 +4,9 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from engine.config import ConfigError, list_presets
-from v41viz.sidebar import parse_upload
+from engine.spec.config import ConfigError
+from engine.spec.presets import list_presets
+from v41viz.ui.sidebar import parse_upload
 
 TIMEOUT = 120
 

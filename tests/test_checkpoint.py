@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
-from engine.config import list_presets, load_config
+from engine.checkpoint.store import CheckpointError, load_checkpoint, load_weights, save_checkpoint
+from engine.spec.config import load_config
+from engine.spec.presets import list_presets
 from engine.model import Transformer, init_weights
 
 

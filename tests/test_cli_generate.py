@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from engine.checkpoint import save_checkpoint
+from engine.checkpoint.store import save_checkpoint
 from engine.cli import main
-from engine.generate import Engine
-from engine.trace import Trace
+from engine.generation.generate import Engine
+from engine.trace.trace import Trace
 
 BASE = ["generate", "--prompt", "The cat", "--max-new-tokens", "3"]
 

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from engine.config import ConfigError, config_from_dict, list_presets, load_config
-from engine import engram_layout
+from engine.spec.config import ConfigError, config_from_dict, load_config
+from engine.spec.presets import list_presets
+from engine.spec import engram_layout
 
 V41 = "configs/deepseek-v4.1-flash.json"
 V41_FLAT = "configs/deepseek-v4.1-flash-inference.json"
@@ -84,8 +85,8 @@ def test_model_args_is_frozen_and_torch_free():
     a = load_config(V41)
     with pytest.raises(Exception):
         a.dim = 1
-    code = "import sys, engine.config, engine.roles, engine.engram_layout; " \
-           "engine.config.load_config('configs/deepseek-v4.1-flash.json').roles; assert 'torch' not in sys.modules"
+    code = "import sys, engine.spec.config, engine.spec.roles, engine.spec.engram_layout; " \
+           "engine.spec.config.load_config('configs/deepseek-v4.1-flash.json').roles; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -7,11 +7,10 @@ import torch
 from safetensors.numpy import save_file
 
 from engine.cli import build_parser
-from engine.dspark.speculative import generate_speculative
-from engine.generate import generate
+from engine.generation.speculative import generate_speculative
+from engine.generation.generate import generate
 from engine.model import EngineOptions
-from engine.training.continuations import (FILE_FORMAT, ContinuationSpec, continuation_windows, load_continuations,
-                                           make_continuations, save_continuations)
+from engine.training.continuations import FILE_FORMAT, ContinuationSpec, continuation_windows, load_continuations, make_continuations, save_continuations
 from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, drafter_loss
 from model_helpers import tiny_model
 from test_model_card import inputs  # noqa: F401  (a tiny checkpoint and prepared data dir)
@@ -119,7 +118,7 @@ def test_training_on_continuations_raises_greedy_acceptance_on_them(rows, tmp_pa
 def test_cli_writes_a_file_train_drafter_reads(inputs, tmp_path, capsys):
     """`continuations` on a tiny trained-format checkpoint and prepared data dir, then `train_drafter --continuations`."""
     from engine.cli import main
-    from engine.generate import Engine
+    from engine.generation.generate import Engine
     from engine.training.corpus import load_tokens
     from engine.training.log import read_log
     ckpt, data = inputs[0], inputs[1]

@@ -11,10 +11,9 @@ import torch
 
 from engine.cli import main as cli_main
 from engine.dspark.metrics import summarize
-from engine.dspark.speculative import DSparkConfig, generate_speculative
-from engine.generate import Engine
-from engine.training.card import (PROMPTS, balance_table, heldout_windows, measure_heldout, render,
-                                  unigram_loss)
+from engine.generation.speculative import DSparkConfig, generate_speculative
+from engine.generation.generate import Engine
+from engine.training.card import PROMPTS, balance_table, heldout_windows, measure_heldout, render, unigram_loss
 from engine.training.corpus import TOKENS_NAME, load_tokens, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]

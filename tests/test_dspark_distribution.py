@@ -4,7 +4,7 @@ import torch
 from model_helpers import tiny_model
 
 from engine.dspark.schedule import ThroughputTable
-from engine.dspark.speculative import DSparkConfig, generate_speculative
+from engine.generation.speculative import DSparkConfig, generate_speculative
 from engine.dspark.verify import Verdict
 
 V = 16                   # a tiny vocabulary: exact marginals by enumeration, many samples per bin

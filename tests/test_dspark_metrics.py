@@ -9,7 +9,7 @@ from model_helpers import tiny_model
 from engine.dspark.metrics import summarize
 from engine.dspark.profile import load_or_profile, load_table, profile_throughput, save_table, table_path
 from engine.dspark.schedule import ThroughputTable
-from engine.trace_records import DSparkStep
+from engine.trace.records import DSparkStep
 
 
 def step(row, n, verify_len, accepted, survival, t=0.1):

@@ -4,8 +4,7 @@ import itertools
 import pytest
 import torch
 
-from engine.dspark.schedule import (ThroughputTable, schedule_all, schedule_threshold, schedule_throughput,
-                                    survival)
+from engine.dspark.schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput, survival
 
 
 def test_survival_is_non_increasing_products():

@@ -7,9 +7,9 @@ import torch
 from model_helpers import tiny_model
 
 from engine.dspark.schedule import ThroughputTable, schedule_threshold, schedule_throughput
-from engine.dspark.speculative import DSparkConfig, generate_speculative
-from engine.generate import generate
-from engine.trace import Trace, TraceBudget
+from engine.generation.speculative import DSparkConfig, generate_speculative
+from engine.generation.generate import generate
+from engine.trace.trace import Trace, TraceBudget
 
 V = 64   # small enough that random-init drafts are sometimes right, so both verification outcomes occur
 PROMPTS = [[0, 5, 7, 9, 11], [0, 10, 20], [0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [0, 1]]

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from engine import engram_layout
-from engine.config import load_config
-from engine.engram_hash import DEAD, NgramHasher
+from engine.spec import engram_layout
+from engine.spec.config import load_config
+from engine.text.engram_hash import DEAD, NgramHasher
 
 V41 = load_config("configs/deepseek-v4.1-flash.json")
 TINY = load_config("configs/tiny-v4.1.json")
@@ -163,8 +163,8 @@ def test_compressed_ids_for_display_do_not_touch_history():
 
 
 def test_real_tokenizer_and_token_map_end_to_end():
-    from engine.engram_map import lookup
-    from engine.tokenizer import load_tokenizer
+    from engine.text.engram_map import lookup
+    from engine.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     token_map = lookup(V41, tok)

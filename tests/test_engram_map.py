@@ -7,10 +7,10 @@ import unicodedata
 import numpy as np
 import pytest
 
-from engine import engram_map
+from engine.text import engram_map
 from engine.commands import tokenizer as command
-from engine.config import load_config
-from engine.tokenizer import load_tokenizer
+from engine.spec.config import load_config
+from engine.text.tokenizer import load_tokenizer
 
 V41 = "configs/deepseek-v4.1-flash.json"
 # Rust's char::is_whitespace set (Unicode White_Space); Python's str.strip() also strips U+001C..U+001F.

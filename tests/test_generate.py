@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, filter_logits, make_generators, probabilities, sample
+from engine.generation.sampling import SamplingParams, filter_logits, make_generators, probabilities, sample
 
 
 def kept(logits: torch.Tensor) -> set[int]:
@@ -91,11 +91,11 @@ def test_bad_parameters_are_named():
 
 import numpy as np  # noqa: E402
 
-from engine.config import list_presets, load_config  # noqa: E402
-from engine.generate import generate  # noqa: E402
+from engine.spec.config import list_presets, load_config  # noqa: E402
+from engine.generation.generate import generate  # noqa: E402
 from engine.model import Transformer, init_weights  # noqa: E402
-from engine.trace import Trace, TraceBudget  # noqa: E402
-from engine.trace_io import load_trace, save_trace  # noqa: E402
+from engine.trace.trace import Trace, TraceBudget  # noqa: E402
+from engine.trace.formats import load_trace, save_trace  # noqa: E402
 
 
 def build(max_seq_len: int | None = None):

@@ -1,16 +1,17 @@
 """The diagram graph: node ids are checkpoint paths, folding and roles, tensor ownership, layout, URL state."""
 import pytest
 
-from engine.config import list_presets, load_config
-from engine.inventory import inventory_tuple
-from v41viz.compare import field_diff, mechanisms, role_diff
-from v41viz.details import node_details, tensor_table
-from v41viz.folding import fold_layers
-from v41viz.graph import attach_inventory, build_graph, owner_of
-from v41viz.layout import build_layout
-from v41viz.module_docs import describe
-from v41viz.source import engine_source
-from v41viz.url_state import ViewState, from_query, sanitize, to_query
+from engine.spec.config import load_config
+from engine.spec.presets import list_presets
+from engine.spec.inventory import inventory_tuple
+from v41viz.arch.compare import field_diff, mechanisms, role_diff
+from v41viz.arch.details import node_details, tensor_table
+from v41viz.arch.folding import fold_layers
+from v41viz.arch.graph import attach_inventory, build_graph, owner_of
+from v41viz.arch.layout import build_layout
+from v41viz.arch.module_docs import describe
+from v41viz.arch.source import engine_source
+from v41viz.ui.url_state import ViewState, from_query, sanitize, to_query
 
 V41, V4, V4D = "deepseek-v4.1-flash", "deepseek-v4-flash", "deepseek-v4-flash-dspark"
 

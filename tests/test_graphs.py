@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import load_config
-from engine.generate import generate
-from engine.graphs import (CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe,
-                           decode_body)
+from engine.spec.config import load_config
+from engine.generation.generate import generate
+from engine.graphs import CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe, decode_body
 from engine.model.context import ForwardContext
-from engine.trace import FACT_KINDS, Trace, TraceBudget
+from engine.trace.trace import FACT_KINDS, Trace, TraceBudget
 from model_helpers import TINY, random_tokens, tiny_model
 
 PROMPT_LENS = (3, 9, 6)   # rows at different positions; ratio-2 groups complete on alternate steps
@@ -244,8 +243,8 @@ def test_generate_with_graphs_matches_plain_generate():
 
 def test_engine_generates_text_with_graphs_and_dspark():
     """Engine.generate_text passes cuda_graphs through to DSpark decoding (it used to refuse the pair)."""
-    from engine.dspark.speculative import DSparkConfig
-    from engine.generate import Engine
+    from engine.generation.speculative import DSparkConfig
+    from engine.generation.generate import Engine
     engine = Engine.load("tiny-v4.1", seed=0)
     runs = [engine.generate_text("hi", max_new_tokens=4, seed=0, dspark=DSparkConfig(), cuda_graphs=g)
             for g in (False, True)]
@@ -331,7 +330,7 @@ def spec_model():
 
 
 def _speculate(model, prompts, graphs, **kw):
-    from engine.dspark.speculative import generate_speculative
+    from engine.generation.speculative import generate_speculative
     kw = {"max_new_tokens": 14, "seed": 0, "stop_tokens": (), **kw}
     return generate_speculative(model, prompts, cuda_graphs=graphs, **kw)
 
@@ -345,7 +344,7 @@ def _step_facts(steps):
 @pytest.mark.parametrize("schedule", ["all", "threshold"])
 @pytest.mark.parametrize("n_rows", [1, 3])
 def test_greedy_dspark_with_graphs_equals_eager(spec_model, schedule, n_rows):
-    from engine.dspark.speculative import DSparkConfig
+    from engine.generation.speculative import DSparkConfig
     cfg = DSparkConfig(schedule, threshold=0.6)
     eager, graphed = (_speculate(spec_model, SPEC_PROMPTS[:n_rows], g, dspark=cfg) for g in (False, True))
     assert graphed.tokens == eager.tokens and graphed.finish_reasons == eager.finish_reasons == ["length"] * n_rows
@@ -388,7 +387,7 @@ def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
     graphed step hands the trace only the scheduled block's records (trace_tokens), so short prompts (fewer
     visible compressed rows than index_topk) get the eager top-k widths, and a token budget that runs out
     mid-run fills the same slots and counts the same omissions."""
-    from engine.dspark.speculative import DSparkConfig
+    from engine.generation.speculative import DSparkConfig
     traces = []
     for graphs in (False, True):
         trace = Trace(TraceBudget(max_tokens=max_tokens, attention=True))
@@ -449,7 +448,7 @@ def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n
     tokens, q, confidences, every generator's state and the mtp.* moe/mhc trace facts equal the eager drafter's."""
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.sampling import SamplingParams, make_generators
+    from engine.generation.sampling import SamplingParams, make_generators
     model, gamma = spec_model, spec_model.args.dspark_block_size
     params = SamplingParams(temperature, top_k=40 if temperature else 0)
     rings_e, rings_g = _draft_state(model, n_rows, False), _draft_state(model, n_rows, True)
@@ -548,7 +547,7 @@ def test_meta_proxy_catches_a_host_sync_in_the_draft_body(body):
 
 def test_graphed_drafter_refuses_misuse_clearly(spec_model):
     from engine.graphs import GraphedDrafter
-    from engine.sampling import SamplingParams
+    from engine.generation.sampling import SamplingParams
     rings = _draft_state(spec_model, 2, True)
     with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
         GraphedDrafter(spec_model, rings, capture=True)
@@ -569,7 +568,7 @@ def test_graphed_drafter_refuses_misuse_clearly(spec_model):
 def test_cuda_graph_capture_of_the_draft_step_matches_eager():
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.sampling import SamplingParams, make_generators
+    from engine.generation.sampling import SamplingParams, make_generators
     torch.manual_seed(0)
     model = tiny_model(dtype=torch.float32, vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1).cuda()
     rings_e, rings_g = _draft_state(model, 3, False), _draft_state(model, 3, True)

@@ -7,14 +7,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.checkpoint import CheckpointError, save_checkpoint
+from engine.checkpoint.store import CheckpointError, save_checkpoint
 from engine.cli import main as cli_main
-from engine.engram_map import load_token_map
-from engine.generate import Engine
+from engine.text.engram_map import load_token_map
+from engine.generation.generate import Engine
 from engine.model import Transformer, init_weights
-from engine.tokenizer import NOISE_ID, load_tokenizer
-from engine.trace import Trace
-from engine.training.vocab import IdMap
+from engine.text.tokenizer import NOISE_ID, load_tokenizer
+from engine.trace.trace import Trace
+from engine.text.vocab import IdMap
 from model_helpers import tiny_args
 
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n" * 2

@@ -7,14 +7,14 @@ import threading
 import numpy as np
 import pytest
 
-from engine.trace import Trace
-from engine.trace_tables import TraceFormatError
-from v41viz import engine_session as es
-from v41viz import panels_attention as pa, panels_dspark as pd_, panels_engram as pe, panels_experts as px_
-from v41viz import panels_mhc as pm
-from v41viz.inspect_export import FORMATS, trace_bytes, trace_from_upload
-from v41viz.inspect_links import diagram_node, filter_path, mhc_site, panel_for, related
-from v41viz.inspect_run import GenSettings, LiveRun, generate_into, new_trace
+from engine.trace.trace import Trace
+from engine.trace.tables import TraceFormatError
+from v41viz.ui import engine_session as es
+from v41viz.inspect import attention_panel as pa, dspark_panel as pd_, engram_panel as pe, experts_panel as px_
+from v41viz.inspect import mhc_panel as pm
+from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
+from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
+from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
 
 PROMPT = "The quick brown fox"
 
@@ -259,8 +259,8 @@ def _run_waiting(slot, seen):
 
 def test_a_checkpoint_directory_becomes_the_default_model(slot, tmp_path):
     import torch
-    from engine.checkpoint import save_checkpoint
-    from engine.generate import Engine
+    from engine.checkpoint.store import save_checkpoint
+    from engine.generation.generate import Engine
     other = Engine.load("tiny-v4.1", seed=7)                 # weights unlike the seed-0 random default
     save_checkpoint(other.model, tmp_path / "default", args=other.args)   # model.safetensors + config.json
     choices = es.model_choices(tmp_path)

@@ -10,18 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.checkpoint import save_checkpoint
+from engine.checkpoint.store import save_checkpoint
 from engine.cli import main as cli_main
-from engine.engram_map import load_token_map
-from engine.generate import Engine
+from engine.text.engram_map import load_token_map
+from engine.generation.generate import Engine
 from engine.model import Transformer, init_weights
-from engine.tokenizer import NOISE_ID, load_tokenizer
+from engine.text.tokenizer import NOISE_ID, load_tokenizer
 from engine.dspark.metrics import summarize
-from engine.dspark.speculative import generate_speculative
+from engine.generation.speculative import generate_speculative
 from engine.training.card import PROMPTS, CardOptions, build_card
 from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME, sha256_file
 from engine.training.log import CsvLog
-from engine.training.vocab import IdMap
+from engine.text.vocab import IdMap
 from model_helpers import tiny_args
 
 TRAIN = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: O Romeo, Romeo.\n" * 3

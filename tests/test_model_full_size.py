@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import load_config
-from engine.inventory import tensor_inventory
+from engine.spec.config import load_config
+from engine.spec.inventory import tensor_inventory
 from engine.model import Transformer
 from tests.model_helpers import TINY
 

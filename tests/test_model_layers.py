@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import engram_layout
-from engine.config import ConfigError, load_config
+from engine.spec import engram_layout
+from engine.spec.config import ConfigError, load_config
 from engine.model import Transformer
 from engine.model.moe import MoE
 from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map, tiny_model
@@ -166,7 +166,7 @@ def test_engram_rows_match_hand_hash_and_gates_are_zero_on_dead(model, tokens):
 
 
 def test_engram_hash_agrees_with_the_numpy_hasher(model, tokens):
-    from engine import engram_hash as hasher_mod
+    from engine.text import engram_hash as hasher_mod
     trace = RecordingTrace(attention=False)
     with torch.no_grad():
         model(tokens[:, :10], trace=trace)

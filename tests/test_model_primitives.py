@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from engine.config import load_config
+from engine.spec.config import load_config
 from engine.model.mhc import collapse, expand, hc_mixes, sinkhorn, stochastic_error
 from engine.model.norm import RMSNorm
 from engine.model.quant import fp4_qdq, fp8_qdq, pow2_scale, round_e2m1

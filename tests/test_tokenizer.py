@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.commands import tokenizer as command
-from engine.tokenizer import Tokenizer, default_tokenizer_path, load_tokenizer
+from engine.text.tokenizer import Tokenizer, default_tokenizer_path, load_tokenizer
 
 TRICKY = [
     "  leading and trailing spaces  ",

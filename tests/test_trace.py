@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.trace import DSparkStep, Trace, TraceBudget
-from engine.trace_io import load_trace, save_trace
-from engine.trace_tables import TraceFormatError
+from engine.trace.trace import DSparkStep, Trace, TraceBudget
+from engine.trace.formats import load_trace, save_trace
+from engine.trace.tables import TraceFormatError
 
 FORMATS = ("t.json", "t.parquet.zip", "t.safetensors")
 

@@ -5,13 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.checkpoint import load_checkpoint
+from engine.checkpoint.store import load_checkpoint
 from engine.cli import build_parser
-from engine.dspark.speculative import generate_speculative
+from engine.generation.speculative import generate_speculative
 from engine.model import EngineOptions
 from engine.training.train import Trainer, TrainConfig
-from engine.training.train_drafter import (DrafterTrainConfig, DrafterTrainer, acceptance_target, drafter_loss,
-                                           freeze_backbone)
+from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, acceptance_target, drafter_loss, freeze_backbone
 from model_helpers import synthetic_token_map, tiny_args
 
 V = 64
@@ -163,7 +162,7 @@ def test_distillation_term_is_the_cross_entropy_against_the_target_distribution(
 
 
 def test_init_drafter_takes_only_the_mtp_tensors(trained, backbone_dir, tmp_path):
-    from engine.checkpoint import save_checkpoint, load_weights
+    from engine.checkpoint.store import save_checkpoint, load_weights
     donor = trained["trainer"].model
     save_checkpoint(donor, tmp_path / "donor", args=donor.args)
     fresh = load_backbone(backbone_dir)

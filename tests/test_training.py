@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from engine.cli import main as cli_main
-from engine.tokenizer import NOISE_ID, load_tokenizer
+from engine.text.tokenizer import NOISE_ID, load_tokenizer
 from engine.training import corpus
 from engine.training.balance import RouterTap, max_violation, sequence_balance_loss, update_biases
 from engine.training.train import Trainer, TrainConfig, build_model, train_windows
-from engine.training.vocab import IdMap
+from engine.text.vocab import IdMap
 from model_helpers import synthetic_token_map, tiny_args
 
 TEXT = ("ROMEO. But soft, what light through yonder window breaks?\n"
@@ -219,7 +219,7 @@ def test_train_command_trains_and_resumes(setup, id_map, tmp_path, capsys):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
     assert json.loads((tmp_path / "ck" / "train_state.json").read_text())["step"] == 3
     assert (tmp_path / "ck" / "id_map.json").read_text() == (tmp_path / "id_map.json").read_text()
-    from engine.checkpoint import load_checkpoint, read_header
+    from engine.checkpoint.store import load_checkpoint, read_header
     header = read_header([tmp_path / "ship" / "model.safetensors"])
     assert header["embed.weight"][1] == torch.bfloat16 and header["layers.0.ffn.gate.bias"][1] == torch.float32
     _, shipped = load_checkpoint(tmp_path / "ship", token_map=synthetic_token_map(args))

@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench import run_bench
-    from .info import resolve_config
+    from ..bench.cpu import run_bench
+    from ..spec.presets import resolve_config
 
     apply_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -50,18 +50,18 @@ def run(args: argparse.Namespace) -> int:
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
     gpu = None
     if getattr(args, "gpu", False):
-        from ..bench_gpu import run_gpu_bench
+        from ..bench.gpu import run_gpu_bench
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
         gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
                             batch=args.batch, repeats=20, seed=args.seed)
     graphs = None
     if getattr(args, "cuda_graphs", False):
-        from ..bench_gpu import graph_decode_rates
+        from ..bench.gpu import graph_decode_rates
         graphs = graph_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                                     steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
     spec = None
     if getattr(args, "dspark", False):
-        from ..dspark.bench import run_dspark_bench
+        from ..bench.dspark import run_dspark_bench
         spec = run_dspark_bench(resolve_config(args.config), schedule=args.schedule, batch=args.batch,
                                 prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                                 seed=args.seed, device=args.device)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         out = out if graphs is None else {**out, "cuda_graphs": graphs}
         print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
     else:
-        from ..bench_gpu import graph_rate_lines
+        from ..bench.gpu import graph_rate_lines
         print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
                         ([] if graphs is None else graph_rate_lines(graphs)) + ([] if spec is None else spec.lines())))
     return 0

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generate import Engine
+    from ..generation.generate import Engine
     from ..training.card import check_same_vocabulary
     from ..training.continuations import ContinuationSpec, make_continuations, save_continuations
     from ..training.corpus import load_tokens

@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..generate import Engine, check_prompts
-    from ..trace import Trace, TraceBudget
-    from ..trace_io import trace_format
+    from ..generation.generate import Engine, check_prompts
+    from ..trace.trace import Trace, TraceBudget
+    from ..trace.formats import trace_format
 
     if not args.random_init and not args.checkpoint:
         if not DEFAULT_CHECKPOINT.is_dir():
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _dspark_config(args: argparse.Namespace, model):
     from ..dspark.profile import load_or_profile, table_path
-    from ..dspark.speculative import DSparkConfig
+    from ..generation.speculative import DSparkConfig
 
     if not model.args.has_dspark:
         raise ValueError(f"--dspark: config '{model.args.name}' has no DSpark drafter (dspark_block_size is 0)")

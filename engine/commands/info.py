@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from ..accounting import GIB, KINDS, Accounting, account
-from ..config import ConfigError, ModelArgs, list_presets, load_config
-from ..experts_touched import touched_table
-from ..published_figures import published_figures
+from ..spec.accounting import GIB, KINDS, Accounting, account
+from ..spec.config import ModelArgs
+from ..spec.presets import resolve_config
+from ..spec.experts_touched import touched_table
+from ..spec.published_figures import published_figures
 
 HELP = "print parameter, byte and KV-cache accounting and the layer-role table for a config"
 
@@ -16,17 +16,6 @@ HELP = "print parameter, byte and KV-cache accounting and the layer-role table f
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="path to a config.json, or a preset name from configs/ (e.g. tiny-v4.1)")
     parser.add_argument("--json", action="store_true", help="print the accounting as one JSON object")
-
-
-def resolve_config(spec: str) -> ModelArgs:
-    """A path to a config file, or the stem of a preset in configs/."""
-    path = Path(spec)
-    presets = list_presets()
-    if path.is_file() or (spec not in presets and (path.suffix == ".json" or "/" in spec)):
-        return load_config(path)  # a missing path raises ConfigError "cannot read config (...)"
-    if spec in presets:
-        return load_config(presets[spec])
-    raise ConfigError(f"'{spec}' is neither a config file nor a preset; presets: {', '.join(presets)}")
 
 
 def run(args: argparse.Namespace) -> int:

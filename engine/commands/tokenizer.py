@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tokenizer import load_tokenizer
+    from ..text.tokenizer import load_tokenizer
 
     if (args.rebuild or args.cache_dir) and not args.engram_map:
         raise ValueError("--rebuild and --cache-dir only apply with --engram-map")
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _engram_map_report(tok, rebuild: bool, cache_dir: str | None) -> dict:
-    from ..engram_map import load_token_map_report
+    from ..text.engram_map import load_token_map_report
 
     loaded = load_token_map_report(tok, cache_dir=cache_dir, rebuild=rebuild)
     return {"vocab_size": tok.vocab_size, "compressed_vocab_size": loaded.compressed_vocab_size,

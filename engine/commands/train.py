@@ -30,12 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..engram_map import load_token_map
-    from ..tokenizer import load_tokenizer
+    from ..spec.config import load_config
+    from ..text.engram_map import load_token_map
+    from ..text.tokenizer import load_tokenizer
     from ..training.corpus import load_tokens, require_corpus
     from ..training.train import Trainer, TrainConfig, describe
-    from ..training.vocab import ID_MAP_NAME, IdMap
+    from ..text.vocab import ID_MAP_NAME, IdMap
 
     apply_threads(args.threads)
     model_args = load_config(args.config)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_vocabulary(model_args, id_map, config_path, id_map_path) -> None:
     """The config must be sized for the id map: same vocab_size, and DSpark's noise token in model ids."""
-    from ..tokenizer import NOISE_ID
+    from ..text.tokenizer import NOISE_ID
 
     noise = id_map.model_id(NOISE_ID)
     if id_map.vocab_size != model_args.vocab_size:

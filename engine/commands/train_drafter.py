@@ -38,18 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generate import Engine
+    from ..generation.generate import Engine
     from ..model.options import EngineOptions
     from ..training.corpus import load_tokens
     from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
-    from ..training.vocab import ID_MAP_NAME
+    from ..text.vocab import ID_MAP_NAME
 
     apply_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
     if args.init_drafter:
         if args.resume:
             raise ValueError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
-        from ..checkpoint import load_weights
+        from ..checkpoint.store import load_weights
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
     cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
                              warmup=args.warmup, confidence_weight=args.confidence_weight,

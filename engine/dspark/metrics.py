@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..trace_records import DSparkStep
+from ..trace.records import DSparkStep
 
 
 @dataclass

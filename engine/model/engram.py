@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import engram_layout
+from ..spec import engram_layout
 from .linear import Linear
 from .norm import upcast
 
@@ -13,7 +13,7 @@ DEAD = -1
 
 class NgramRows:
     """Hash of §4.4.3 for all Engram layers over the cache's per-row history of compressed ids. Runs on
-    the CPU in int64 (the history lives there); equals engine.engram_hash.NgramHasher (tested)."""
+    the CPU in int64 (the history lives there); equals engine.text.engram_hash.NgramHasher (tested)."""
 
     def __init__(self, args):
         self.max_n = args.engram_max_ngram_size

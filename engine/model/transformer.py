@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, ModelArgs
+from ..spec.config import ConfigError, ModelArgs
 from .block import Block
 from .cache import ModelCache
 from .context import ForwardContext
@@ -174,7 +174,7 @@ class Transformer(nn.Module):
         if self.ngram is None:
             return None
         if self.token_map is None:
-            raise ValueError("this model has Engram layers: pass token_map (engine.engram_map) to Transformer(...) "
+            raise ValueError("this model has Engram layers: pass token_map (engine.text.engram_map) to Transformer(...) "
                              "or call model.set_token_map(...) before running it")
         comp = self.token_map[tokens]                                          # [B, S]
         if image_mask is not None:

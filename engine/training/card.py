@@ -40,7 +40,7 @@ def check_inputs(ckpt: Path, data: Path) -> None:
 
 def check_same_vocabulary(engine, data: Path) -> None:
     """The corpus's model ids must mean what the checkpoint's do: both id maps list the same tokenizer ids."""
-    from .vocab import ID_MAP_NAME, IdMap
+    from ..text.vocab import ID_MAP_NAME, IdMap
     ours = getattr(engine.tokenizer, "reduced_vocab", None)
     if (data / ID_MAP_NAME).is_file() != (ours is not None):
         raise ValueError(f"{data} and the checkpoint disagree on the vocabulary: only one of them has {ID_MAP_NAME}")
@@ -71,7 +71,7 @@ def unigram_loss(train: np.ndarray, targets: np.ndarray, vocab_size: int) -> flo
 @torch.no_grad()
 def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
     """Cross-entropy, per-layer expert loads and Engram gates over the held-out windows (one Trace per batch)."""
-    from ..trace import Trace, TraceBudget
+    from ..trace.trace import Trace, TraceBudget
     total, count = 0.0, 0
     loads: dict[str, np.ndarray] = {}
     gates: dict[str, list[np.ndarray]] = {}      # path -> [positions, hc] per batch
@@ -180,8 +180,8 @@ def plot_loss(curve: dict, unigram: float, path: Path) -> None:
 def measure_decoding(engine, opts: CardOptions) -> dict:
     """Samples from fixed prompts, and plain vs DSpark decode (same prompts) at T=0 and T=1."""
     from ..dspark.metrics import summarize
-    from ..dspark.speculative import DSparkConfig, generate_speculative
-    from ..generate import generate
+    from ..generation.speculative import DSparkConfig, generate_speculative
+    from ..generation.generate import generate
     samples = engine.generate_text(list(PROMPTS), max_new_tokens=opts.new_tokens, seed=opts.seed,
                                    temperature=opts.sample_temperature)
     out = {"samples": [{"prompt": p, "text": t} for p, t in zip(PROMPTS, samples.texts)],
@@ -218,9 +218,9 @@ def measure_decoding(engine, opts: CardOptions) -> dict:
 
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
-    from ..accounting import account
-    from ..checkpoint import checkpoint_files
-    from ..generate import Engine
+    from ..spec.accounting import account
+    from ..checkpoint.store import checkpoint_files
+    from ..generation.generate import Engine
     ckpt, data = Path(ckpt), Path(data)
     check_inputs(ckpt, data)
     manifest = json.loads((data / MANIFEST_NAME).read_text(encoding="utf-8"))

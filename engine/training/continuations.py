@@ -36,7 +36,7 @@ def make_continuations(model, train: np.ndarray, spec: ContinuationSpec,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the model's
     greedy continuation (no stop token, so every row has the full length). Deterministic for a fixed spec."""
-    from ..generate import generate
+    from ..generation.generate import generate
     if train.size < spec.prompt_len + 1:
         raise ValueError(f"continuations: the training stream has {train.size} tokens, fewer than a "
                          f"{spec.prompt_len}-token prompt")

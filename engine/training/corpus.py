@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenizer import BOS_ID, EOS_ID, Tokenizer, load_tokenizer
-from .vocab import IdMap
+from ..text.tokenizer import BOS_ID, EOS_ID, Tokenizer, load_tokenizer
+from ..text.vocab import IdMap
 
 TOKENS_NAME = "tokens.safetensors"
 MANIFEST_NAME = "manifest.json"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_weights, save_checkpoint
+from ..checkpoint.store import load_weights, save_checkpoint
 
 OPTIMIZER_NAME = "optimizer.safetensors"
 STATE_NAME = "train_state.json"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelArgs
+from ..spec.config import ModelArgs
 from ..model.indexer_loss import IndexerLoss
 from ..model.init import init_weights
 from ..model.options import EngineOptions
@@ -23,7 +23,7 @@ from ..model.transformer import Transformer
 from .balance import RouterTap, max_violation, sequence_balance_loss, update_biases
 from .log import CsvLog, Progress
 from .state import STATE_NAME, export_checkpoint, load_training_state, save_training_state
-from .vocab import ID_MAP_NAME
+from ..text.vocab import ID_MAP_NAME
 
 
 @dataclass(frozen=True)

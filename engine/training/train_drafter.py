@@ -16,7 +16,7 @@ from .continuations import continuation_windows
 from .log import Progress, _fmt, read_log
 from .state import STATE_NAME, export_checkpoint, load_training_state, save_training_state
 from .train import lr_at, train_windows
-from .vocab import ID_MAP_NAME
+from ..text.vocab import ID_MAP_NAME
 
 STATE_FORMAT = "v41viz-train-drafter/1"
 LOG_NAME = "drafter_log.csv"

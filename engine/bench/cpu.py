@@ -1,0 +1,123 @@
+"""Throughput benchmark: prefill and decode tokens/s, and the Trace's overhead, measured in one run."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..spec.config import ModelArgs
+from ..trace.trace import Trace, TraceBudget
+
+
+@dataclass
+class BenchResult:
+    config: str
+    device: str
+    machine: str
+    threads: int
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    repeats: int
+    prefill_tokens_per_s: float         # median prefill forward, no trace
+    decode_tokens_per_s: float          # median decode step (all rows together), no trace
+    traced_prefill_tokens_per_s: float
+    traced_decode_tokens_per_s: float
+    trace_overhead_prefill: float       # median traced / untraced time of paired forwards (1.0 = free)
+    trace_overhead_decode: float
+    trace_records: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        return [f"{self.config} on {self.device} ({self.machine}, {self.threads} torch threads); batch {self.batch}, "
+                f"prompt {self.prompt_len}, {self.new_tokens} new tokens, median of {self.repeats}",
+                f"  prefill {self.prefill_tokens_per_s:10,.1f} tokens/s   traced {self.traced_prefill_tokens_per_s:10,.1f}"
+                f"   overhead x{self.trace_overhead_prefill:.2f}",
+                f"  decode  {self.decode_tokens_per_s:10,.1f} tokens/s   traced {self.traced_decode_tokens_per_s:10,.1f}"
+                f"   overhead x{self.trace_overhead_decode:.2f}"]
+
+
+def machine_description(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+
+
+def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int,
+                device: str, dtype: torch.dtype, options=None):
+    """Check the bench sizes, then build a seeded random-init model in eval mode."""
+    from ..model import Transformer, init_weights
+    if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
+        raise ValueError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
+    if prompt_len + new_tokens > args.max_seq_len:
+        raise ValueError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
+                         f"max_seq_len of {args.max_seq_len}")
+    token_map = None
+    if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
+        token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
+    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
+    init_weights(model, seed)
+    return model.eval()
+
+def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3,
+              seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32, options=None,
+              budget: TraceBudget | None = None) -> BenchResult:
+    """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
+    twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
+    ratio of traced to untraced time over the back-to-back pairs."""
+    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+                        seed=seed, device=device, dtype=dtype, options=options)
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
+    prefill = {False: [], True: []}
+    decode = {False: [], True: []}
+    records: dict = {}
+    with torch.inference_mode():
+        _timed(model, torch.tensor(prompts, device=device)[:, :2], model.new_cache(batch), None)  # warm-up
+        for rep in range(repeats):
+            trace = Trace(budget or TraceBudget(max_tokens=None))
+            caches = {False: model.new_cache(batch, prompt_len + new_tokens),
+                      True: model.new_cache(batch, prompt_len + new_tokens)}
+            tokens = torch.tensor(prompts, device=device)  # [B, prompt_len]
+            # Untraced and traced forwards alternate call by call (and swap order each time), so a busy
+            # machine slows both alike and the overhead ratio stays meaningful.
+            for i in range(new_tokens):
+                order = (False, True) if (rep + i) % 2 == 0 else (True, False)
+                out = {}
+                for traced in order:
+                    dt, out[traced] = _timed(model, tokens, caches[traced], trace if traced else None)
+                    (prefill if i == 0 else decode)[traced].append(dt)
+                if not torch.equal(out[False], out[True]):
+                    raise RuntimeError("bench: traced and untraced logits differ; the trace changed the computation")
+                tokens = out[False].argmax(-1, keepdim=True)  # [B, 1] greedy next token
+            records = trace.summary()["records"]
+    pre = {k: statistics.median(v) for k, v in prefill.items()}
+    dec = {k: statistics.median(v) for k, v in decode.items()}
+    # overhead: median over back-to-back (untraced, traced) pairs of their time ratio; a median of
+    # pair ratios resists the bursts of load that a shared machine adds to single calls
+    over_pre = statistics.median(t / u for u, t in zip(prefill[False], prefill[True]))
+    over_dec = statistics.median(t / u for u, t in zip(decode[False], decode[True]))
+    return BenchResult(
+        config=args.name or "model", device=str(device), machine=machine_description(str(device)),
+        threads=torch.get_num_threads(), batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+        repeats=repeats, prefill_tokens_per_s=batch * prompt_len / pre[False], decode_tokens_per_s=batch / dec[False],
+        traced_prefill_tokens_per_s=batch * prompt_len / pre[True], traced_decode_tokens_per_s=batch / dec[True],
+        trace_overhead_prefill=over_pre, trace_overhead_decode=over_dec, trace_records=records)
+
+
+def _timed(model, tokens, cache, trace) -> tuple[float, torch.Tensor]:
+    device = tokens.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = model(tokens, cache, trace=trace, logits="last")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0, out

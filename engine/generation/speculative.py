@@ -1,0 +1,249 @@
+"""Speculative generation with DSpark: draft → schedule → verify in one target forward → commit or roll back."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .generate import EOS_ID, GenerationResult, OnToken, StepInfo, _elapsed, _row_seeds, check_prompts
+from .sampling import SamplingParams, draw, make_generators, probabilities
+from ..trace.records import DSparkStep
+from ..dspark.config import SCHEDULES, DSparkConfig
+from ..dspark.drafter import draft
+from ..dspark.drafter_cache import DrafterCache
+from ..dspark.metrics import DSparkMetrics, summarize
+from ..dspark.verify import verify, verify_greedy
+
+__all__ = ["SCHEDULES", "DSparkConfig", "SpeculativeResult", "generate_speculative"]
+
+
+@dataclass
+class SpeculativeResult(GenerationResult):
+    steps: list[DSparkStep] = field(default_factory=list)
+    target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
+    graphed_forwards: int = 0          # of those, verify forwards run by the GraphedDecoder (cuda_graphs)
+    graphed_drafts: int = 0            # draft steps run by the GraphedDrafter (cuda_graphs: every step)
+
+    @property
+    def metrics(self) -> DSparkMetrics:
+        return summarize(self.steps, self.target_forwards, self.decode_s)
+
+
+Verifier = Callable[..., object]
+
+
+@torch.inference_mode()
+def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         seed: int | Sequence[int] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
+                         dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
+                         token_text: Callable[[int], str] | None = None,
+                         verifier: Verifier = verify, cuda_graphs: bool = False) -> SpeculativeResult:
+    """Same contract as engine.generation.generate.generate (row i samples with seed + i; tokens, finish reasons), with
+    every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
+    emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
+
+    cuda_graphs: each step's target verify forward goes through an engine.graphs.GraphedDecoder (a CUDA
+    graph per batch bucket on a GPU; on the CPU the same static body runs eagerly). A graph has a fixed
+    width, so every row then verifies a full block [anchor, x_1..x_γ]; the schedule's ℓ still decides what
+    is checked and accepted (logits past ℓ go unused), so tokens, accepted counts and random draws are
+    those of the eager path. A step where some row lacks room for a full block in the cache runs eagerly.
+    The draft step goes through an engine.graphs.GraphedDrafter: the stages' forward and base logits (and,
+    greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
+    generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager."""
+    args = model.args
+    if not args.has_dspark or not len(model.mtp):
+        raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    params = SamplingParams(float(temperature), top_k, float(top_p))
+    cfg = dspark or DSparkConfig()
+    if cfg.schedule == "auto" and not cfg.early_stop and not params.greedy:
+        # the global search may look at a draft's own survival (which depends on the draft's value) before
+        # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
+        raise ValueError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
+                         "use early_stop=True or greedy decoding")
+    run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
+                       params, cfg, seed,
+                       stop_tokens, on_token, trace, token_text, verifier, cuda_graphs)
+    run.prefill()
+    while run.active:
+        run.step()
+    return run.res
+
+
+class _Speculation:
+    """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
+
+    def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
+                 verifier, cuda_graphs=False):
+        self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
+        self.params, self.cfg, self.trace, self.on_token, self.verifier = params, cfg, trace, on_token, verifier
+        n, self.gamma = len(prompts), model.args.dspark_block_size
+        self.temperature = cfg.temperature(self.gamma)
+        self.gens = make_generators(_row_seeds(seed, n), model.device)
+        self.stop = {int(t) for t in stop_tokens}
+        self.text_of = token_text or (lambda t: "")
+        # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
+        longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
+        # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
+        # already give every active row room for a full graphed block (the eager fallback guards the rest)
+        self.cache = model.new_cache(n + 1 if cuda_graphs else n, longest + self.gamma + 1)
+        self.decoder = None
+        if cuda_graphs:
+            from ..graphs import GraphedDecoder
+            self.decoder = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=self.gamma + 1,
+                                          logits="all", return_taps=True)
+        # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
+        self.rings = DrafterCache(model, n + 1 if cuda_graphs else n, self.cache.margin)
+        self.drafter = None
+        if cuda_graphs:
+            from ..graphs import GraphedDrafter
+            self.drafter = GraphedDrafter(model, self.rings, scratch_row=n)
+        self.res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
+        self.active: list[int] = []
+        self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
+        self.n_steps = 0
+
+    def emit(self, row: int, pos: int, token: int, step: int, dt: float, logits: torch.Tensor, prob: float) -> bool:
+        """Append one token; False when the row is finished (a stop token is not appended)."""
+        res = self.res
+        if token in self.stop:
+            res.finish_reasons[row] = "stop"
+            return False
+        res.tokens[row].append(token)
+        if self.trace is not None:
+            self.trace.record_token(row, pos, token, self.text_of(token), step=step, step_time_s=dt, logits=logits)
+        if self.on_token is not None:
+            self.on_token(row, token, StepInfo(step, pos, dt, prob))
+        if len(res.tokens[row]) >= self.max_new:
+            res.finish_reasons[row] = "length"
+        elif pos + 1 >= self.args.max_seq_len:
+            res.finish_reasons[row] = "max_seq_len"
+        else:
+            return True
+        return False
+
+    def prefill(self) -> None:
+        """Prompts of equal length go together (no padding enters any computation); the taps fill the drafter
+        rings for every prompt position, and the target's last logits give each row its first anchor."""
+        by_len: dict[int, list[int]] = {}
+        for row, ids in enumerate(self.prompts):
+            by_len.setdefault(len(ids), []).append(row)
+            if self.trace is not None:
+                self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
+        model, dev = self.model, self.model.device
+        for length, group in by_len.items():
+            t0 = time.perf_counter()
+            logits, taps = model(torch.tensor([self.prompts[r] for r in group], device=dev), self.cache,
+                                 rows=torch.tensor(group), trace=self.trace, logits="last", return_taps=True)
+            self.rings.append(model, taps, group)                             # taps [G, S, n_taps·dim]
+            dt = _elapsed(t0, dev)
+            self.res.prefill_s += dt
+            if self.max_new == 0:
+                for r in group:
+                    self.res.finish_reasons[r] = "length"
+                continue
+            p = probabilities(logits, self.params)                             # [G, V]
+            chosen = p.argmax(-1) if self.params.greedy else draw(p, [self.gens[r] for r in group])
+            for i, r in enumerate(group):
+                token = int(chosen[i])
+                if self.emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
+                    self.active.append(r)
+                    self.anchors[r] = token
+        self.active.sort()
+
+    def step(self) -> None:
+        """One DSpark step for every active row: draft γ (GraphedDrafter with cuda_graphs), schedule ℓ per row,
+        verify [anchor, x_1..x_ℓ] in one target forward (graphed: the full γ-block), roll every cache back to
+        the committed prefix, emit the accepted drafts + one token."""
+        model, dev, active = self.model, self.model.device, self.active
+        self.n_steps += 1
+        t0 = time.perf_counter()
+        rows = torch.tensor(active)
+        anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
+        anchors = torch.tensor([self.anchors[r] for r in active])
+        gens = [self.gens[r] for r in active]
+        if self.drafter is not None:
+            d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
+            self.res.graphed_drafts += 1
+        else:
+            d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace)
+        conf = d.confidence(self.temperature)                                  # [A, γ]
+        lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
+        width = max(lengths) + 1
+        logits, taps = self._target_forward(rows, anchors, d.tokens, width)
+        self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
+        self.res.target_forwards += 1
+        verdicts = self._verify(d, lengths, logits)
+        keep = anchor_pos + 1 + torch.tensor([v.accepted for _, v in verdicts])  # committed: anchor + accepted
+        self.cache.rollback(keep, rows)
+        self.rings.rollback(keep, rows)
+        dt = _elapsed(t0, dev)
+        self.res.decode_s += dt
+        self.res.step_times.append(dt)
+        self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
+
+    def _target_forward(self, rows, anchors, drafts, width: int):
+        """The verify forward of [anchor, drafts…] per row → (logits [A, w, V], taps [A, w, n_taps·dim]).
+        Eager: w = width (the batch's longest scheduled block; shorter rows are padded with their next
+        drafts). Graphed: w = γ + 1 for every row, the trace given only the first `width` tokens' records as
+        the eager forward would make them; the caller's rollback discards the extra positions either way."""
+        full = self.gamma + 1
+        if self.decoder is not None and bool((self.cache.pos[rows] + full <= self.cache.max_seq_len).all()):
+            block = torch.cat([anchors.unsqueeze(1), drafts], 1)               # [A, γ+1]
+            self.res.graphed_forwards += 1
+            return self.decoder.step(block, rows, self.trace, trace_tokens=width)
+        block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
+        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
+                          return_taps=True)
+
+    def _capped(self, lengths: list[int], anchor_pos: torch.Tensor) -> list[int]:
+        """Never verify past a row's token budget or the model's last position: a step emits ℓ + 1 tokens."""
+        out = []
+        for i, r in enumerate(self.active):
+            room = min(self.max_new - len(self.res.tokens[r]), self.args.max_seq_len - 1 - int(anchor_pos[i])) - 1
+            out.append(max(0, min(lengths[i], room)))
+        return out
+
+    def _verify(self, d, lengths, logits) -> list:
+        """(p [ℓ+1, V] or None when greedy, Verdict) per active row."""
+        out = []
+        target_ids = logits.argmax(-1).cpu() if self.params.greedy else None  # [A, w]
+        for i, r in enumerate(self.active):
+            ell = lengths[i]
+            if self.params.greedy:
+                out.append((None, verify_greedy(d.tokens[i, :ell], target_ids[i, :ell + 1])))
+                continue
+            p = probabilities(logits[i, :ell + 1], self.params)                # [ℓ+1, V]
+            out.append((p, self.verifier(d.tokens[i, :ell].to(p.device), d.q[i, :ell], p, generator=self.gens[r])))
+        return out
+
+    def _commit(self, d, conf, lengths, verdicts, logits, anchor_pos, keep, dt) -> None:
+        still, q_drafts = [], d.draft_probs().float().cpu().numpy()            # [A, γ]
+        survival = np.cumprod(conf.numpy(), axis=1)                            # [A, γ]
+        for i, r in enumerate(self.active):
+            p, v = verdicts[i]
+            if self.trace is not None:
+                self.trace.rollback(r, int(keep[i]))  # the target's facts of rejected positions
+            rec = DSparkStep(row=r, step=self.n_steps, anchor_pos=int(anchor_pos[i]), anchor_token=self.anchors[r],
+                             drafted=d.tokens[i].numpy(), draft_probs=q_drafts[i], confidences=conf[i].numpy(),
+                             survival=survival[i], verify_len=lengths[i], accepted=v.accepted, next_token=v.token,
+                             next_kind="bonus" if v.bonus else "replacement", time_s=dt)
+            self.res.steps.append(rec)
+            if self.trace is not None:
+                self.trace.record_dspark_step(rec)
+            alive = True
+            out = [int(t) for t in d.tokens[i, :v.accepted]] + [v.token]
+            for k, tok in enumerate(out):  # target logits at position anchor+k chose the token at anchor+k+1
+                prob = 1.0 if p is None else float(p[k, tok])
+                alive = self.emit(r, int(anchor_pos[i]) + 1 + k, tok, self.n_steps, dt, logits[i, k], prob)
+                if not alive:
+                    break
+            if alive:
+                self.anchors[r] = v.token
+                still.append(r)
+        self.active = still

@@ -1,0 +1,292 @@
+"""Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, tokens, DSpark)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable
+
+import numpy as np
+
+from .records import DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
+
+__all__ = ["DSparkStep", "TokenRecord", "Trace", "TraceBudget", "layer_path", "path_order"]
+
+# Fields each kind of per-token × layer fact carries, in the order the model passes them.
+FACT_FIELDS: dict[str, tuple[str, ...]] = {
+    "moe": ("ids", "weights", "scores", "vision"),
+    "mhc": ("pre", "post", "comb", "row_err", "col_err"),
+    "engram": ("compressed_ids", "row_ids", "gates"),
+    "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
+}
+FACT_KINDS = tuple(FACT_FIELDS)
+MHC_SITES = ("attn", "ffn")
+
+
+class Trace:
+    """Records facts during forward/generate. Pass it explicitly; with no trace nothing is recorded."""
+
+    def __init__(self, budget: TraceBudget | None = None, meta: dict[str, Any] | None = None):
+        self.budget = budget or TraceBudget()
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.omitted: Counter[str] = Counter()
+        # row -> pos -> (kind, path, site) -> field arrays (in FACT_FIELDS order)
+        self._facts: dict[int, dict[int, dict[tuple[str, str, str], tuple[np.ndarray, ...]]]] = {}
+        self._n_token_slots = 0
+        self._tokens: dict[int, dict[int, TokenRecord]] = {}
+        self.dspark_steps: list[DSparkStep] = []
+
+    # ---- what the model calls -------------------------------------------------------------
+    def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
+        if self._skipped("moe", path, positions):
+            return
+        ids = _np(ids, np.int64)
+        vision = np.zeros(ids.shape[:2], bool) if vision is None else _np(vision, bool)
+        weights, scores = _np_many((weights, scores))
+        self._record("moe", path, "", rows, positions, (ids, weights, scores, vision))
+
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
+        if site not in MHC_SITES:
+            raise ValueError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
+        if self._skipped("mhc", path, positions):
+            return
+        self._record("mhc", path, site, rows, positions,
+                     tuple(_np_many((pre, post, comb, row_err, col_err))))
+
+    def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
+        if self._skipped("engram", path, positions):
+            return
+        self._record("engram", path, "", rows, positions,
+                     (*_np_many((compressed_ids, row_ids), np.int64), _np(gates)))
+
+    def wants_attention(self, path: str) -> bool:
+        a = self.budget.attention
+        chosen = a if isinstance(a, bool) else (path in a or layer_path(path) in a)
+        return chosen and self.budget.keeps_layer(path)
+
+    def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
+        if not self.wants_attention(path) or self._skipped("attention", path, positions):
+            return
+        self._record("attention", path, "", rows, positions,
+                     (_np(topk, np.int64), *_np_many((window_mass, compressed_mass, sink_mass))))
+
+    # ---- what generation calls ------------------------------------------------------------
+    def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
+        for i, (tid, text) in enumerate(zip(token_ids, texts, strict=True)):
+            self._tokens.setdefault(row, {})[start_pos + i] = TokenRecord(row, start_pos + i, int(tid), text, False)
+
+    def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
+                     logits=None) -> None:
+        """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k."""
+        rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
+        k = self.budget.top_k_logits
+        if logits is not None and k > 0:
+            import torch  # only generation passes tensors here
+            lf = logits.detach().float().reshape(-1)
+            top = torch.topk(lf, min(k, lf.numel()))
+            rec.top_ids = top.indices.cpu().numpy().astype(np.int64)
+            rec.top_logits = top.values.cpu().numpy().astype(np.float32)
+            rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
+        self._tokens.setdefault(rec.row, {})[rec.pos] = rec
+
+    def record_dspark_step(self, step: DSparkStep) -> None:
+        self.dspark_steps.append(step)
+
+    def rollback(self, row: int, pos: int) -> None:
+        """Forget every record of `row` at positions >= pos (rejected speculative tokens)."""
+        facts = self._facts.get(row, {})
+        for p in [p for p in facts if p >= pos]:
+            del facts[p]
+            self._n_token_slots -= 1
+        tokens = self._tokens.get(row, {})
+        for p in [p for p in tokens if p >= pos]:
+            del tokens[p]
+        self.dspark_steps = [s for s in self.dspark_steps if s.row != row or s.anchor_pos < pos]
+
+    # ---- accessors ------------------------------------------------------------------------
+    def rows(self) -> list[int]:
+        return sorted(set(self._facts) | set(self._tokens) | {s.row for s in self.dspark_steps})
+
+    def tokens(self, row: int = 0) -> list[TokenRecord]:
+        """The row's prompt and generated tokens in position order."""
+        return [rec for _, rec in sorted(self._tokens.get(row, {}).items())]
+
+    def paths(self, kind: str) -> list[str]:
+        found = {key[1] for by_pos in self._facts.values() for f in by_pos.values() for key in f if key[0] == kind}
+        return sorted(found, key=path_order)
+
+    def fact(self, kind: str, path: str, row: int, pos: int, site: str = "") -> dict[str, np.ndarray] | None:
+        """One record as {field: array}, or None when it was not recorded."""
+        values = self._facts.get(row, {}).get(pos, {}).get((kind, path, site))
+        return None if values is None else dict(zip(FACT_FIELDS[kind], values))
+
+    def facts(self, kind: str):
+        """Every record of a kind, ordered by (path depth, site, row, pos): (path, site, row, pos, fields)."""
+        out = [(key[1], key[2], row, pos, values) for row, by_pos in self._facts.items()
+               for pos, f in by_pos.items() for key, values in f.items() if key[0] == kind]
+        out.sort(key=lambda r: (path_order(r[0]), r[1], r[2], r[3]))
+        return out
+
+    def mhc_matrix(self, path: str, site: str, row: int, pos: int) -> np.ndarray:
+        rec = self.fact("mhc", path, row, pos, site)
+        if rec is None:
+            raise KeyError(f"no mHC record for {path} {site} at row {row}, position {pos}")
+        return rec["comb"]
+
+    def mhc_composite(self, row: int, pos: int, upto: str | None = None) -> tuple[np.ndarray, float]:
+        """Product of the recorded backbone mHC matrices in depth order, and its max gain.
+
+        Each matrix C maps source stream a to destination b (X'_b = Σ_a C[a,b] X_a), so the residual path
+        through seams 1..n is C_1 @ C_2 @ ... @ C_n in the same [source, dest] layout. The gain is the
+        largest absolute row or column sum: 1 for a doubly stochastic product, larger when streams amplify.
+        """
+        seams = [(p, s) for p in self.paths("mhc") if p.startswith("layers.") for s in MHC_SITES]
+        # (the draft stages restart their streams, so they are not part of the backbone's product)
+        if upto is not None:
+            seams = [(p, s) for p, s in seams if path_order(p) <= path_order(upto)]
+        product = None
+        for p, s in seams:
+            rec = self.fact("mhc", p, row, pos, s)
+            if rec is None:
+                continue
+            c = rec["comb"].astype(np.float64)
+            product = c if product is None else product @ c
+        if product is None:
+            raise KeyError(f"no mHC records at row {row}, position {pos}")
+        gain = float(max(np.abs(product).sum(0).max(), np.abs(product).sum(1).max()))
+        return product, gain
+
+    def expert_load(self, path: str, n_experts: int | None = None) -> np.ndarray:
+        """How many recorded tokens routed to each expert of a layer (counts over the kept tokens)."""
+        ids = [values[0] for p, _, _, _, values in self.facts("moe") if p == path]
+        flat = np.concatenate([i.reshape(-1) for i in ids]) if ids else np.zeros(0, np.int64)
+        size = n_experts if n_experts is not None else (int(flat.max()) + 1 if flat.size else 0)
+        return np.bincount(flat, minlength=size).astype(np.int64)
+
+    def moe_table(self) -> dict[str, np.ndarray]:
+        from .tables import moe_table
+        return moe_table(self)
+
+    def table(self, name: str) -> dict[str, np.ndarray]:
+        """Columnar, pandas-ready table: moe, mhc, engram, attention, tokens or dspark."""
+        from .tables import build_tables
+        return build_tables(self, only=name)[0][name]
+
+    def summary(self) -> dict[str, Any]:
+        counts = Counter(key[0] for by_pos in self._facts.values() for f in by_pos.values() for key in f)
+        return {"rows": self.rows(), "token_slots": self._n_token_slots, "records": dict(counts),
+                "tokens": sum(len(t) for t in self._tokens.values()), "dspark_steps": len(self.dspark_steps),
+                "omitted": dict(self.omitted)}
+
+    # ---- persistence ----------------------------------------------------------------------
+    def save(self, path) -> None:
+        from .formats import save_trace
+        save_trace(self, path)
+
+    @staticmethod
+    def load(path) -> "Trace":
+        from .formats import load_trace
+        return load_trace(path)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        if (self.budget, self.meta, +self.omitted, self.dspark_steps) != \
+                (other.budget, other.meta, +other.omitted, other.dspark_steps):
+            return False
+        if _nonempty(self._tokens) != _nonempty(other._tokens):
+            return False
+        mine, theirs = _nonempty(self._facts), _nonempty(other._facts)
+        if mine.keys() != theirs.keys():
+            return False
+        for row, by_pos in mine.items():
+            if by_pos.keys() != theirs[row].keys():
+                return False
+            for pos, f in by_pos.items():
+                g = theirs[row][pos]
+                if f.keys() != g.keys() or not all(tuples_equal(f[k], g[k]) for k in f):
+                    return False
+        return True
+
+    # ---- internals ------------------------------------------------------------------------
+    def _admit(self, row: int, pos: int) -> bool:
+        by_pos = self._facts.setdefault(row, {})
+        if pos in by_pos:
+            return True
+        if self.budget.max_tokens is not None and self._n_token_slots >= self.budget.max_tokens:
+            return False
+        by_pos[pos] = {}
+        self._n_token_slots += 1
+        return True
+
+    def _skipped(self, kind: str, path: str, positions) -> bool:
+        """Check the positions' shape; count and skip a layer outside the budget before any copying."""
+        if len(positions.shape) != 2:
+            raise ValueError(f"record_{kind}({path}): positions must be [B, S], got shape {tuple(positions.shape)}")
+        if self.budget.keeps_layer(path):
+            return False
+        self.omitted[kind] += positions.shape[0] * positions.shape[1]
+        return True
+
+    def _record(self, kind: str, path: str, site: str, rows, positions, arrays: tuple[np.ndarray, ...]) -> None:
+        b, s = tuple(positions.shape)
+        rows = list(range(b)) if rows is None else np.asarray(_list(rows), dtype=np.int64).reshape(-1).tolist()
+        if len(rows) != b:
+            raise ValueError(f"record_{kind}({path}): rows must be [B={b}], got {len(rows)} rows")
+        for name, a in zip(FACT_FIELDS[kind], arrays):
+            if a.shape[:2] != (b, s):
+                raise ValueError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
+        key = (kind, path, site)
+        for i, (row, row_positions) in enumerate(zip(rows, _list(positions))):
+            per_token = zip(*(list(a[i]) for a in arrays))  # S tuples of this token's field values
+            for pos, values in zip(row_positions, per_token):
+                if self._admit(row, pos):
+                    self._facts[row][pos][key] = values
+                else:
+                    self.omitted[kind] += 1
+
+    def _insert(self, kind: str, path: str, site: str, row: int, pos: int, values: tuple[np.ndarray, ...]) -> None:
+        """Put one stored record back (loading); bypasses the budget because the saved trace honoured it."""
+        by_pos = self._facts.setdefault(row, {})
+        if pos not in by_pos:
+            by_pos[pos] = {}
+            self._n_token_slots += 1
+        by_pos[pos][(kind, path, site)] = values
+
+
+def _list(t) -> list:
+    """A tensor or array (any device) as nested Python lists."""
+    return t.tolist() if hasattr(t, "tolist") else list(t)
+
+
+def _np(t, dtype=np.float32) -> np.ndarray:
+    """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype` (always a copy:
+    the model may reuse its buffers)."""
+    if hasattr(t, "detach"):
+        t = t.detach()
+        if t.device.type != "cpu" or (t.dtype.is_floating_point and t.dtype.itemsize < 4):  # bf16/fp16: fp32 is exact
+            t = t.to(device="cpu", dtype=_torch_dtype(dtype))
+        return t.numpy().astype(dtype, copy=True)
+    return np.array(t, dtype=dtype)
+
+
+def _np_many(tensors: tuple, dtype=np.float32) -> list[np.ndarray]:
+    """Several tensors as arrays of one dtype; from a GPU through a single host copy (one sync)."""
+    devices = {getattr(t, "device", None) for t in tensors}
+    if len(devices) != 1 or None in devices or next(iter(devices)).type == "cpu":
+        return [_np(t, dtype) for t in tensors]
+    import torch
+    target = _torch_dtype(dtype)
+    flat = torch.cat([t.detach().reshape(-1).to(target) for t in tensors]).cpu().numpy()  # cat makes a copy
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start:start + t.numel()].reshape(tuple(t.shape)))
+        start += t.numel()
+    return out
+
+
+def _torch_dtype(dtype):
+    import torch
+    return {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
+
+
+def _nonempty(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v}

@@ -1,0 +1,108 @@
+"""One Inspect generation (no Streamlit): settings, the traced run it produces, and the streaming loop."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.trace.trace import Trace, TraceBudget
+
+SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
+             "auto": "DSpark Alg. 1: maximise expected tokens/s (profiles this machine once)"}
+TRACE_MAX_TOKENS = 1024
+MAX_PROMPT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    prompt: str
+    max_new_tokens: int = 24
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    dspark: bool = False
+    schedule: str = "all"
+    threshold: float = 0.5
+    attention: bool = True
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting that is out of range."""
+        if not self.prompt.strip():
+            raise ValueError("The prompt is empty: type some text to continue.")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"The prompt has {len(self.prompt):,} characters; the Inspect page takes at most "
+                             f"{MAX_PROMPT_CHARS:,} (every token is traced).")
+        if not 1 <= self.max_new_tokens <= 512:
+            raise ValueError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("temperature must be ≥ 0, top-p in (0, 1] and top-k ≥ 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
+
+
+@dataclass
+class LiveRun:
+    """What one generation leaves in the session: its trace, text and timings (source says live or loaded)."""
+    trace: Trace
+    model: str
+    source: str = "live"               # "live" or "loaded: <file name>"
+    prompt: str = ""
+    text: str = ""
+    status: str = "running"            # running | done | stopped | error
+    n_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None  # from the click to the first streamed token
+    elapsed_s: float = 0.0
+    finish: str = ""
+    message: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Streaming rate after the first token (the wait in the queue and the prefill are in first_token_s)."""
+        if self.first_token_s is None or self.n_tokens < 2 or self.elapsed_s <= self.first_token_s:
+            return float("nan")
+        return (self.n_tokens - 1) / (self.elapsed_s - self.first_token_s)
+
+
+def new_trace(settings: GenSettings, model: str, weights: str) -> Trace:
+    meta = {"config": model, "weights": weights, "prompt": settings.prompt, "temperature": settings.temperature,
+            "top_k": settings.top_k, "top_p": settings.top_p, "seed": settings.seed, "dspark": settings.dspark,
+            "schedule": settings.schedule if settings.dspark else ""}
+    return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention), meta=meta)
+
+
+def dspark_config(engine, settings: GenSettings):
+    from engine.generation.speculative import DSparkConfig
+    sps = None
+    if settings.schedule == "auto":
+        from engine.dspark.profile import load_or_profile
+        sps = load_or_profile(engine.model)
+    return DSparkConfig(schedule=settings.schedule, threshold=settings.threshold, sps=sps)
+
+
+def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callable[[LiveRun, str], None]) -> None:
+    """Generate with the run's trace; on_piece(run, text) after each decoded piece. Updates run in place, so
+    an interrupted generation (the Stop button) leaves what it produced."""
+    from engine.generation.generate import _TextStream, generate
+    ids = [engine.encode(settings.prompt)]
+    stream = _TextStream(engine.tokenizer)
+    kw = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
+              top_p=settings.top_p, seed=settings.seed, trace=run.trace, token_text=engine.tokenizer.token_text)
+
+    def on_token(_row: int, token: int, _info) -> None:
+        run.n_tokens += 1
+        run.elapsed_s = time.perf_counter() - run.started
+        if run.first_token_s is None:
+            run.first_token_s = run.elapsed_s
+        piece = stream.push(token)
+        run.text += piece
+        on_piece(run, piece)
+
+    if settings.dspark:
+        from engine.generation.speculative import generate_speculative
+        result = generate_speculative(engine.model, ids, dspark=dspark_config(engine, settings), on_token=on_token, **kw)
+    else:
+        result = generate(engine.model, ids, on_token=on_token, **kw)
+    run.elapsed_s = time.perf_counter() - run.started
+    run.finish, run.status = result.finish_reasons[0], "done"

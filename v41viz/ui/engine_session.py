@@ -1,0 +1,155 @@
+"""The app's engine: loaded once per process (st.cache_resource), shared read-only, one generation at a time
+through a lock whose queue the waiting sessions see; per-session runs live in st.session_state."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import streamlit as st
+
+from engine.spec.accounting import account
+from engine.spec.config import ModelArgs, load_config
+from engine.spec.presets import list_presets
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKPOINTS = ROOT / "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint:"
+DEFAULT_MODEL = "tiny-v4.1"
+MAX_RANDOM_PARAMS = 1_000_000_000  # presets beyond this are not offered with random weights (V4.1-Flash: 763B)
+WEIGHT_SEED = 0
+TORCH_THREADS = 1  # on the 2-core target, 2 threads under load ran 5-10× slower than 1
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    key: str                 # preset name, or "checkpoint:<dir name>"
+    config: Path             # its config.json
+    checkpoint: Path | None  # None = seeded random weights
+
+    @property
+    def label(self) -> str:
+        if self.checkpoint is None:
+            return f"{self.key} (random weights, seed {WEIGHT_SEED})"
+        return f"{self.key.removeprefix(CHECKPOINT_PREFIX)} (trained checkpoint)"
+
+
+def model_choices(checkpoints: Path = CHECKPOINTS) -> dict[str, ModelChoice]:
+    """Every checkpoints/*/ directory with a config.json, then the V4.1-family presets small enough to run."""
+    out: dict[str, ModelChoice] = {}
+    if checkpoints.is_dir():
+        for d in sorted(p for p in checkpoints.iterdir() if (p / "config.json").is_file()):
+            key = CHECKPOINT_PREFIX + d.name
+            out[key] = ModelChoice(key, d / "config.json", d)
+    for name, path in list_presets().items():
+        if _runnable_preset(str(path)):
+            out[name] = ModelChoice(name, Path(path), None)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _runnable_preset(path: str) -> bool:
+    """V4.1 family (what the engine runs) and small enough for random weights in memory (cached: the
+    accounting of a full config takes about a second)."""
+    args = load_config(path)
+    return args.family == "v4.1" and account(args).to_json()["params"]["total"] <= MAX_RANDOM_PARAMS
+
+
+def card_summary(checkpoint: Path) -> str | None:
+    """One line from a checkpoint's card.json (written by `python -m engine card`), or None without one."""
+    import json
+    try:
+        card = json.loads((checkpoint / "card.json").read_text(encoding="utf-8"))
+        h, works = card["heldout"], card["corpus"]["works"]
+        line = (f"Trained on {len(works['train'])} works from {', '.join(s['package'] for s in card['sources'])}; "
+                f"held-out loss {h['loss']:.2f} nats/token (perplexity {h['perplexity']:.0f}) against "
+                f"{h['unigram_loss']:.2f} for a unigram model")
+        if card.get("dspark"):
+            line += f"; DSpark at T=0 accepts {card['dspark']['T=0']['mean_accepted_length']:.2f} tokens per step"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return line + f". Model card: `{checkpoint.name}/MODEL_CARD.md`."
+
+
+def default_model(choices: dict[str, ModelChoice]) -> str:
+    """The shipped trained model when it exists, else the tiny preset with random weights."""
+    trained = CHECKPOINT_PREFIX + "default"
+    return trained if trained in choices else (DEFAULT_MODEL if DEFAULT_MODEL in choices else next(iter(choices)))
+
+
+class EngineSlot:
+    """One loaded Engine and the turn-taking around it. Generations run one at a time, so each session gets
+    exactly the tokens it would get alone; a waiting session learns its place in the queue."""
+
+    def __init__(self, engine, choice: ModelChoice, load_s: float):
+        self.engine, self.choice, self.load_s = engine, choice, load_s
+        self._lock = threading.Lock()
+        self._guard = threading.Lock()
+        self._queue: deque[object] = deque()
+
+    @property
+    def args(self) -> ModelArgs:
+        return self.engine.args
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def waiting(self) -> int:
+        with self._guard:
+            return len(self._queue)
+
+    @contextmanager
+    def turn(self, on_wait=None, poll_s: float = 0.25):
+        """Hold the engine for one generation; on_wait(ahead) is called while others are ahead."""
+        ticket = object()
+        with self._guard:
+            self._queue.append(ticket)
+        try:
+            while True:
+                with self._guard:
+                    ahead = self._queue.index(ticket) + (1 if self._lock.locked() else 0)
+                    mine = self._queue[0] is ticket and self._lock.acquire(blocking=False)
+                    if mine:
+                        self._queue.popleft()
+                        break
+                if on_wait is not None:
+                    on_wait(ahead)
+                time.sleep(poll_s)
+        except BaseException:
+            with self._guard:
+                if ticket in self._queue:
+                    self._queue.remove(ticket)
+            raise
+        try:
+            yield self.engine
+        finally:
+            self._lock.release()
+
+
+def load_slot(choice: ModelChoice) -> EngineSlot:
+    """Build the engine (no Streamlit); the app wraps this in st.cache_resource."""
+    import torch
+    from engine.generation.generate import Engine
+    torch.set_num_threads(TORCH_THREADS)
+    t0 = time.perf_counter()
+    if choice.checkpoint is None:
+        engine = Engine.load(load_config(choice.config), seed=WEIGHT_SEED)
+    else:
+        engine = Engine.load(load_config(choice.config), choice.checkpoint)
+    return EngineSlot(engine, choice, time.perf_counter() - t0)
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _cached_slot(key: str, config: str, checkpoint: str | None) -> EngineSlot:
+    return load_slot(ModelChoice(key, Path(config), None if checkpoint is None else Path(checkpoint)))
+
+
+def engine_slot(choice: ModelChoice) -> EngineSlot:
+    """The process-wide slot for a model; the first session to ask loads it behind a timed spinner."""
+    with st.spinner(f"Loading {choice.label}: tokenizer, Engram token map, weights…", show_time=True):
+        return _cached_slot(choice.key, str(choice.config), None if choice.checkpoint is None else str(choice.checkpoint))

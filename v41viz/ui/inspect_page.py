@@ -1,0 +1,177 @@
+"""Streamlit pieces of the Inspect page: model picker, prompt and settings, streamed generation, replay upload."""
+from __future__ import annotations
+
+import streamlit as st
+
+from . import engine_session as es
+from ..inspect.export import trace_from_upload
+from .page_links import INSPECT_JUMP
+from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace
+
+MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
+LIVE, LOADED, SHOWN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
+RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
+
+
+def model_sidebar() -> es.ModelChoice:
+    """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land)."""
+    choices = es.model_choices()
+    jump = st.session_state.get(INSPECT_JUMP)
+    if jump and jump[0] in choices:  # a diagram box of a runnable config: inspect that model
+        st.session_state[MODEL_KEPT] = jump[0]
+    if MODEL_KEPT not in st.session_state:
+        wanted = st.query_params.get("model", "")
+        st.session_state[MODEL_KEPT] = wanted if wanted in choices else es.default_model(choices)
+        if wanted and wanted not in choices:
+            st.warning(f"The link asks for model '{wanted}', which this server cannot run; showing "
+                       f"{st.session_state[MODEL_KEPT]}.")
+    st.session_state[MODEL] = st.session_state[MODEL_KEPT]
+    with st.sidebar:
+        st.markdown("### Inspect model")
+        st.selectbox("Model to run", list(choices), key=MODEL, format_func=lambda k: choices[k].label,
+                     on_change=lambda: st.session_state.update({MODEL_KEPT: st.session_state[MODEL]}))
+        st.caption("Presets of the V4.1 family small enough for this machine, and every `checkpoints/*/` "
+                   f"directory. The engine runs on CPU with torch threads = {es.TORCH_THREADS}.")
+    return choices[st.session_state[MODEL_KEPT]]
+
+
+def weights_note(slot: es.EngineSlot) -> None:
+    a = slot.args
+    line = (f"**{slot.choice.key}** · {a.n_layers} layers + {a.n_draft_stages} draft stages · "
+            f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {slot.engine.source} · "
+            f"loaded in {slot.load_s:.1f} s")
+    st.markdown(line)
+    if slot.choice.checkpoint is None:
+        trained = "the trained `default` checkpoint" if (es.CHECKPOINTS / "default").is_dir() else \
+            "a trained checkpoint (none is installed under `checkpoints/`)"
+        st.warning(f"This model has {RANDOM_NOTE}. For meaningful experts, gates and drafts pick {trained}.",
+                   icon=":material/casino:")
+    elif (card := es.card_summary(slot.choice.checkpoint)) is not None:
+        st.caption(card)
+
+
+def settings_form(args) -> GenSettings | None:
+    """The prompt and sampling settings; returns the settings when Generate is pressed."""
+    with st.form("inspect_form", border=True):
+        prompt = st.text_area("Prompt", value="ROMEO:", key="inspect_prompt", height=90)
+        c = st.columns(6)
+        max_new = c[0].number_input("max new tokens", 1, 512, 24, key="inspect_max_new")
+        temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key="inspect_temperature",
+                                        help="0 = greedy")
+        top_p = c[2].number_input("top-p", 0.01, 1.0, 1.0, 0.05, key="inspect_top_p")
+        top_k = c[3].number_input("top-k", 0, 1000, 0, key="inspect_top_k", help="0 = off")
+        seed = c[4].number_input("seed", 0, 2**31 - 1, 0, key="inspect_seed")
+        attention = c[5].toggle("trace attention", True, key="inspect_attention",
+                                help="record the window/compressed split and the indexer's picks (slower)")
+        d = st.columns([1, 2, 1])
+        can_draft = bool(args.has_dspark)
+        dspark = d[0].toggle("DSpark", False, key="inspect_dspark", disabled=not can_draft,
+                             help="speculative decoding with the model's drafter" if can_draft
+                             else "this model has no DSpark drafter")
+        schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), key="inspect_schedule",
+                                  format_func=lambda s: f"{s} — {SCHEDULES[s]}", disabled=not can_draft)
+        threshold = d[2].slider("threshold", 0.0, 1.0, 0.5, 0.05, key="inspect_threshold", disabled=not can_draft)
+        go = st.form_submit_button("Generate", type="primary", icon=":material/play_arrow:")
+    if not go:
+        return None
+    return GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k), int(seed),
+                       bool(dspark), schedule, float(threshold), bool(attention))
+
+
+def generate(slot: es.EngineSlot, settings: GenSettings) -> None:
+    """Stream one generation into the page; the run (partial if stopped) stays in the session."""
+    try:
+        settings.check()
+    except ValueError as e:
+        st.error(str(e))
+        return
+    run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source), slot.choice.key, prompt=settings.prompt)
+    st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
+    st.button("Stop", key="inspect_stop", icon=":material/stop_circle:",
+              help="stops after the current token; the panels show what was generated so far")
+    status, progress = st.empty(), st.progress(0.0)
+    text = st.container(key="inspect_stream", border=True).empty()
+
+    def waiting(ahead: int) -> None:
+        status.info(f"Waiting for the engine: {ahead} generation(s) from other sessions ahead of this one "
+                    "(one generation at a time keeps every session's output exactly what it would be alone).")
+
+    def show(r: LiveRun, _piece: str) -> None:
+        progress.progress(min(r.n_tokens / settings.max_new_tokens, 1.0),
+                          text=f"{r.n_tokens}/{settings.max_new_tokens} tokens · {_rate(r)} · "
+                               f"first token after {r.first_token_s:.2f} s")
+        text.markdown(f"**{_md(settings.prompt)}**{_md(r.text)}")
+
+    try:
+        with slot.turn(waiting) as engine:
+            status.caption("Generating… (prefill, then one token per step)")
+            generate_into(engine, settings, run, show)
+    except ValueError as e:  # e.g. a prompt longer than the model's context
+        run.status, run.message = "error", str(e)
+    except BaseException:
+        run.status = "stopped"  # Stop (or any widget change) interrupts the script between tokens
+        raise
+    st.rerun()
+
+
+def replay_upload() -> None:
+    """Upload a saved trace (.json, .parquet.zip, .safetensors) to show it in the same panels."""
+    file = st.file_uploader("Replay a saved trace", type=["json", "zip", "safetensors"], key="inspect_upload")
+    if file is None:
+        return
+    digest = (file.name, file.size, getattr(file, "file_id", ""))
+    if st.session_state.get("inspect_upload_seen") == digest:
+        return
+    st.session_state["inspect_upload_seen"] = digest
+    try:
+        trace = trace_from_upload(file.name, file.getvalue())
+    except ValueError as e:
+        st.error(f"Could not load {file.name}: {e}")
+        return
+    toks = [t for r in trace.rows() for t in trace.tokens(r)]
+    run = LiveRun(trace, str(trace.meta.get("config", "")), source=f"loaded: {file.name}",
+                  prompt=str(trace.meta.get("prompt", "")), status="done",
+                  text="".join(t.text for t in toks if t.generated), n_tokens=sum(t.generated for t in toks))
+    st.session_state[LOADED], st.session_state[SHOWN] = run, "loaded"
+
+
+def current_run() -> LiveRun | None:
+    """The run the panels show: the live one or the loaded trace (a switch appears when both exist)."""
+    live, loaded = st.session_state.get(LIVE), st.session_state.get(LOADED)
+    if live is not None and live.status == "running":
+        live.status = "stopped"  # a rerun found it unfinished: it was interrupted
+    if live is not None and loaded is not None:
+        st.segmented_control("Show", ["live", "loaded"], key=SHOWN, required=True,
+                             format_func=lambda k: f"live run ({live.n_tokens} tokens)" if k == "live"
+                             else loaded.source)
+    shown = st.session_state.get(SHOWN, "live")
+    return (loaded if shown == "loaded" else live) or live or loaded
+
+
+def run_summary(run: LiveRun) -> None:
+    badge = ":material/sensors: live" if run.source == "live" else f":material/folder_open: {run.source}"
+    st.markdown(f"{badge} · status **{run.status}**" + (f" ({run.finish})" if run.finish else ""))
+    if run.message:
+        st.error(run.message)
+    with st.container(key="inspect_output", border=True):
+        st.markdown(f"**{_md(run.prompt)}**{_md(run.text)}")
+    if run.source == "live":
+        c = st.columns(4)
+        c[0].metric("new tokens", run.n_tokens)
+        c[1].metric("tokens/s after the first", _rate(run).removesuffix(" tokens/s"))
+        c[2].metric("click → first token", "–" if run.first_token_s is None else f"{run.first_token_s:.2f} s")
+        c[3].metric("total", f"{run.elapsed_s:.2f} s")
+
+
+def _rate(run: LiveRun) -> str:
+    rate = run.tokens_per_s
+    return "–" if rate != rate else f"{rate:.1f} tokens/s"
+
+
+def _md(text: str) -> str:
+    """Text shown literally in markdown (no emphasis, links or headings from the model's output)."""
+    out = text.replace("\\", "\\\\")
+    for ch in "*_`[]<>#|~$":
+        out = out.replace(ch, "\\" + ch)
+    return out.replace("\n", "  \n")
+

@@ -1,0 +1,187 @@
+"""The Inspect panels in the page: module filter, token choice, and one view per panel (each labelled live or
+loaded, each linking back to its diagram box)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.trace.trace import Trace, path_order
+from ..arch import accounting_panels as panels
+from ..inspect import attention_panel as pa, dspark_panel as pd_, engram_panel as pe, experts_panel as px_
+from ..inspect import mhc_panel as pm
+from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
+from .page_links import INSPECT_JUMP, to_diagram_button
+from ..inspect.export import FORMATS, trace_bytes
+from ..inspect.run import LiveRun
+from ..inspect.tokens import labels, token_table
+
+PANEL, NODE, TOKEN = "inspect_panel", "inspect_node", "inspect_token"
+ALL = "(all modules)"
+CHART = {"width": "stretch", "config": {"displayModeBar": False}}
+
+
+def module_options(trace: Trace) -> list[str]:
+    """Diagram node ids the trace has data for: layers, their FFN/attention/Engram modules and mHC seams."""
+    nodes = set()
+    for p in trace.paths("moe") + trace.paths("attention") + trace.paths("engram"):
+        nodes |= {p, ".".join(p.split(".")[:2])}
+    for p in trace.paths("mhc"):
+        nodes |= {p, f"{p}.hc_attn", f"{p}.hc_ffn"}
+    return [ALL] + sorted(nodes, key=path_order)
+
+
+def selection(run: LiveRun) -> tuple[str, str | None, int]:
+    """(panel, node filter or None, token position) from widgets, seeded by the URL or a diagram jump."""
+    trace = run.trace
+    options = module_options(trace)
+    positions = sorted({pos for _, _, r, pos, _ in trace.facts("mhc") + trace.facts("moe") if r == 0})
+    jump = st.session_state.pop(INSPECT_JUMP, None)
+    wanted = jump[1] if jump else (st.query_params.get("node") if NODE not in st.session_state else None)
+    if wanted:
+        if wanted in options:
+            st.session_state[NODE] = wanted
+        else:
+            origin = f" (from the {jump[0]} diagram)" if jump else ""
+            st.warning(f"`{wanted}`{origin} has no recorded data in this run: the inspected model has "
+                       f"{len(trace.paths('mhc'))} traced layers. The {panel_for(wanted) or 'chosen'} panel shows "
+                       "every module instead.")
+            st.session_state[NODE] = ALL
+        st.session_state[PANEL] = panel_for(wanted) or st.session_state.get(PANEL, PANELS[0])
+    if PANEL not in st.session_state:
+        p = st.query_params.get("panel")
+        st.session_state[PANEL] = p if p in PANELS else PANELS[0]
+    if st.session_state.get(NODE) not in options:
+        st.session_state[NODE] = ALL
+    if TOKEN not in st.session_state or st.session_state[TOKEN] not in positions:
+        t = st.query_params.get("token", "")
+        st.session_state[TOKEN] = int(t) if t.isdigit() and int(t) in positions else (positions[-1] if positions else 0)
+    c1, c2, c3 = st.columns([3, 2, 3])
+    c1.segmented_control("Panel", PANELS, key=PANEL, required=True)
+    c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show")
+    names = dict(zip(positions, labels(trace, 0, positions)))
+    if positions:
+        c3.select_slider("Token", positions, key=TOKEN, format_func=lambda p: names[p])
+    node = st.session_state[NODE]
+    return st.session_state[PANEL], None if node == ALL else node, st.session_state[TOKEN]
+
+
+def header(run: LiveRun, config_key: str, node: str | None, what: str, key: str) -> None:
+    c1, c2 = st.columns([3, 1])
+    label = (":material/sensors: live data from this session's generation" if run.source == "live"
+             else f":material/folder_open: {run.source} (a saved trace, not a live run)")
+    c1.caption(f"{label} · {what}")
+    if node:
+        with c2:
+            to_diagram_button(config_key, node, key)
+
+
+def experts(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
+    trace, only = run.trace, filter_path(node) if node else None
+    header(run, config_key, node or (px_.moe_paths(trace) or [None])[0], "MoE routing", "back_experts")
+    st.plotly_chart(px_.choice_heatmap(trace, 0, only), key="experts_heatmap", **CHART)
+    left, right = st.columns(2)
+    left.plotly_chart(px_.load_figure(trace, args.n_routed_experts, only), key="experts_load", **CHART)
+    measured = px_.measured_touched(trace)
+    right.plotly_chart(panels.experts_touched_figure(args, measured=measured), key="experts_touched", **CHART)
+    right.caption("Measured: distinct experts per backbone layer read by B consecutive tokens of this run.")
+    st.markdown(f"**Top-{args.n_activated_experts} per layer for token {labels(trace, 0, [pos])[0]}**")
+    st.dataframe(px_.token_topk(trace, 0, pos), hide_index=True, width="stretch")
+
+
+def mhc(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
+    trace = run.trace
+    layers = [p for p in trace.paths("mhc") if related(p, filter_path(node) if node else None)] or trace.paths("mhc")
+    c1, c2 = st.columns([3, 1])
+    layer = c1.select_slider("Layer", layers, key="mhc_layer") if len(layers) > 1 else layers[0]
+    site = mhc_site(node) if node and mhc_site(node) else c2.radio("Seam", ["attn", "ffn"], horizontal=True, key="mhc_site")
+    header(run, config_key, diagram_node("mHC", layer, site), "mHC mixing", "back_mhc")
+    left, right = st.columns(2)
+    left.plotly_chart(pm.matrix_figure(trace, layer, site, 0, pos), key="mhc_matrix", **CHART)
+    right.plotly_chart(pm.pre_post_figure(trace, layer, site, 0, pos), key="mhc_prepost", **CHART)
+    left, right = st.columns(2)
+    left.plotly_chart(pm.residual_figure(trace), key="mhc_residuals", **CHART)
+    right.plotly_chart(pm.gain_figure(trace, 0, pos), key="mhc_gain", **CHART)
+
+
+def engram(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
+    trace = run.trace
+    paths = pe.engram_paths(trace, filter_path(node) if node else None) or pe.engram_paths(trace)
+    if not paths:
+        st.info("This trace has no Engram records (the model has no Engram layers).")
+        return
+    path = st.radio("Engram layer", paths, horizontal=True, key="engram_path") if len(paths) > 1 else paths[0]
+    header(run, config_key, path, "Engram memory", "back_engram")
+    st.markdown("**Text shaded by the mean gate** (hover a token for its value)")
+    st.html(pe.gated_text_html(trace, path))
+    st.plotly_chart(pe.gate_figure(trace, path), key="engram_gates", **CHART)
+    left, right = st.columns([2, 3])
+    rec = trace.fact("engram", path, 0, pos)
+    with left:
+        st.markdown(f"**Hashed rows for token {labels(trace, 0, [pos])[0]}**")
+        if rec is None:
+            st.info("No Engram record at this token.")
+        else:
+            st.caption(f"compressed token id {int(rec['compressed_ids'])}; rows by n-gram order × head")
+            st.dataframe(pe.rows_table(trace, args, path, 0, pos), width="stretch")
+    right.dataframe(pe.token_summary(trace, path), hide_index=True, width="stretch", height=300)
+
+
+def dspark(run: LiveRun, config_key: str, token_text) -> None:
+    trace = run.trace
+    if not trace.dspark_steps:
+        st.info("No DSpark steps in this run: turn DSpark on in the settings and generate again.")
+        return
+    header(run, config_key, "mtp.0", "DSpark speculative steps", "back_dspark")
+    m = pd_.metrics(trace, 0)
+    c = st.columns(4)
+    c[0].metric("steps", m.steps)
+    c[1].metric("mean accepted length", f"{m.mean_accepted_length:.2f}")
+    c[2].metric("acceptance rate", f"{m.acceptance_rate:.2f}")
+    c[3].metric("tokens / target forward", f"{m.tokens_per_forward:.2f}")
+    st.html(pd_.steps_html(trace, token_text))
+    st.caption("Boxed: the anchor. Green: accepted, red: rejected, grey: not verified; → the target's token.")
+    left, mid, right = st.columns(3)
+    left.plotly_chart(pd_.accepted_trace_figure(trace), key="dspark_trace", **CHART)
+    mid.plotly_chart(pd_.accepted_histogram(trace), key="dspark_hist", **CHART)
+    right.plotly_chart(pd_.acceptance_figure(m), key="dspark_accept", **CHART)
+    with st.expander("Every step"):
+        st.dataframe(pd_.steps_table(trace, token_text), hide_index=True, width="stretch")
+
+
+def attention(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
+    trace, only = run.trace, filter_path(node) if node else None
+    if not trace.paths("attention"):
+        st.info("Attention facts are opt-in: turn on 'trace attention' and generate again.")
+        return
+    header(run, config_key, node or trace.paths("attention")[0], "attention (opt-in)", "back_attention")
+    st.plotly_chart(pa.share_figure(trace, 0, only), key="attn_share", **CHART)
+    chosen = pa.chosen_positions(trace, 0, pos)
+    if len(chosen):
+        st.plotly_chart(pa.chosen_figure(trace, 0, pos), key="attn_chosen", **CHART)
+        st.dataframe(chosen, hide_index=True, width="stretch")
+    else:
+        st.info("No indexer picks at this token (too few compressed entries yet, or no indexed layer).")
+
+
+def tokens(run: LiveRun) -> None:
+    with st.expander("Tokens (id, probability, top-k alternatives, step time)"):
+        st.dataframe(token_table(run.trace), hide_index=True, width="stretch")
+
+
+
+def export(run: LiveRun) -> None:
+    """Download the shown trace as JSON, a zip of Parquet tables, or safetensors (one format built at a time)."""
+    c1, c2 = st.columns([1, 2])
+    fmt = c1.selectbox("Export format", list(FORMATS), key="export_format",
+                       format_func=lambda f: {"json": "JSON", "parquet": "Parquet tables (zip)",
+                                              "safetensors": "safetensors"}[f])
+    cache = st.session_state.setdefault("export_cache", {})
+    key = (id(run.trace), run.n_tokens, run.status, fmt)
+    if key not in cache:
+        cache.clear()
+        cache[key] = trace_bytes(run.trace, fmt)
+    name, mime = FORMATS[fmt]
+    with c2:
+        st.download_button(f"Download {name} ({len(cache[key]) / 1024:.0f} KiB)", cache[key], file_name=name,
+                           mime=mime, key="export_download", icon=":material/download:", on_click="ignore")
+        st.caption("Parquet: one table per fact kind (moe, mhc, engram, attention, tokens, dspark) readable by "
+                   "pandas/polars; every format loads back with `Trace.load` or the uploader above.")

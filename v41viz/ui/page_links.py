@@ -1,0 +1,44 @@
+"""Buttons between the Architecture and Inspect pages: a diagram box opens its panel, a panel opens its box."""
+from __future__ import annotations
+
+import hashlib
+
+import streamlit as st
+
+from engine.spec.presets import list_presets
+from ..inspect.links import architecture_query, panel_for
+from .sidebar import CHOICE, UPLOADS
+from .url_state import UPLOAD_PREFIX
+
+ARCH_JUMP = "arch_jump"          # node the architecture page selects on its next run
+INSPECT_JUMP = "inspect_jump"    # (config key, node) the Inspect page filters to on its next run
+
+
+def diagram_config(choice_key: str, config_path, args) -> str:
+    """The sidebar config key that draws an Inspect model: its preset name, or its checkpoint's config
+    registered as this session's upload."""
+    if choice_key in list_presets():
+        return choice_key
+    key = UPLOAD_PREFIX + choice_key.split(":", 1)[-1] + ".json"
+    st.session_state.setdefault(UPLOADS, {})[key] = (hashlib.sha256(str(config_path).encode()).hexdigest(), args)
+    return key
+
+
+def to_inspect_button(config_key: str, node: str) -> None:
+    """On the architecture page: open the Inspect panel that shows this module's recorded data."""
+    panel = panel_for(node)
+    if panel is None:
+        st.caption("Inspect has no live panel for this module (the trace records routing, mHC, Engram, "
+                   "attention and DSpark facts).")
+        return
+    if st.button(f"Inspect `{node}` live → {panel} panel", key="to_inspect", icon=":material/monitoring:"):
+        st.session_state[INSPECT_JUMP] = (config_key, node)
+        st.switch_page("pages/inspect.py", query_params={"node": node, "panel": panel})
+
+
+def to_diagram_button(config_key: str, node: str, key: str) -> None:
+    """On the Inspect page: open the diagram box of the module a panel is showing."""
+    if st.button(f"`{node}` in the diagram", key=key, icon=":material/account_tree:", type="tertiary"):
+        st.session_state[CHOICE] = config_key
+        st.session_state[ARCH_JUMP] = node
+        st.switch_page("pages/architecture.py", query_params=architecture_query(config_key, node))

@@ -1,0 +1,126 @@
+"""The shared sidebar: which config the pages show (a preset or an uploaded config.json), kept in the URL."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import streamlit as st
+
+from engine.spec.config import ConfigError, ModelArgs, config_from_dict, load_config
+from engine.spec.presets import list_presets
+from ..arch.model_view import ModelView, build_view
+from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
+
+CHOICE = "config_choice"     # session key of the chosen config (plain state: survives page switches)
+WIDGET = "config_widget"     # the selectbox's own key, re-seeded from CHOICE on every page
+UPLOADS = "uploaded_configs"  # session key: {"upload:<name>": (text, ModelArgs)}
+
+
+def parse_upload(name: str, data: bytes) -> ModelArgs:
+    """Bytes of an uploaded config.json → ModelArgs, or ConfigError naming the problem."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: not UTF-8 text (is this really a config.json?)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{name}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    try:
+        return config_from_dict(raw, name=name.removesuffix(".json"))
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
+
+
+@st.cache_resource(max_entries=8, show_spinner="Building the model graph and accounting…")
+def _preset_view(name: str) -> ModelView:
+    # cache_resource, not cache_data: the V4.1 view holds ~96k tensor specs (7.8 MB pickled, ~0.8 s to copy
+    # back per rerun under cache_data); pages only read it.
+    return build_view(load_config(list_presets()[name]))
+
+
+@st.cache_resource(max_entries=8, show_spinner="Building the model graph and accounting…")
+def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
+    return build_view(_args)
+
+
+def page_setup(title: str, config_picker: bool = True) -> None:
+    """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar.
+
+    A page that runs a model of its own (Inspect) hides the diagram's config picker, so the sidebar shows only
+    what that page uses; the chosen config stays in the session for the other pages."""
+    st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    if config_picker:
+        config_sidebar()
+    if notice := st.session_state.pop("config_notice", None):
+        st.warning(notice)
+
+
+def config_sidebar() -> None:
+    """Render the config picker; the choice lives in st.session_state and the `config` query parameter."""
+    presets = list(list_presets())
+    uploads: dict = st.session_state.setdefault(UPLOADS, {})
+    if CHOICE not in st.session_state:
+        wanted = st.query_params.get("config", DEFAULT_CONFIG)
+        if wanted in presets or wanted in uploads:
+            st.session_state[CHOICE] = wanted
+        else:
+            st.session_state[CHOICE] = DEFAULT_CONFIG
+            if wanted.startswith(UPLOAD_PREFIX):
+                st.session_state["config_notice"] = (f"The link points to an uploaded config "
+                                                     f"({wanted.removeprefix(UPLOAD_PREFIX)}) that this browser "
+                                                     "session does not have; upload it again. Showing "
+                                                     f"{DEFAULT_CONFIG} meanwhile.")
+            else:
+                st.session_state["config_notice"] = f"Unknown config '{wanted}' in the link; showing {DEFAULT_CONFIG}."
+    file = st.session_state.get("config_upload")  # the uploader's file is known before it is drawn
+    if file is not None:
+        _take_upload(file.name, file.getvalue(), uploads)
+    with st.sidebar:
+        st.markdown("### Model config")
+        st.session_state[WIDGET] = st.session_state[CHOICE]
+        st.selectbox("Config", presets + list(uploads), key=WIDGET, on_change=_copy_choice,
+                     format_func=lambda k: k.removeprefix(UPLOAD_PREFIX) + (" (uploaded)" if k in uploads else ""))
+        st.file_uploader("…or upload a config.json", type=["json"], key="config_upload")
+        if msg := st.session_state.get("config_error"):
+            st.error(msg)
+        st.caption("Presets live in `configs/`. Uploaded configs stay in this browser session only.")
+
+
+def _copy_choice() -> None:
+    st.session_state[CHOICE] = st.session_state[WIDGET]
+
+
+def _take_upload(name: str, data: bytes, uploads: dict) -> None:
+    digest = hashlib.sha256(data).hexdigest()
+    if st.session_state.get("config_upload_digest") == digest:
+        return  # already handled this file
+    st.session_state["config_upload_digest"] = digest
+    try:
+        args = parse_upload(name, data)
+    except ConfigError as e:
+        st.session_state["config_error"] = f"Upload rejected — {e}"
+        return
+    key = UPLOAD_PREFIX + name
+    uploads[key] = (digest, args)
+    st.session_state.pop("config_error", None)
+    st.session_state[CHOICE] = key
+
+
+def current_view() -> tuple[str, ModelView]:
+    """The chosen config's key (preset name or 'upload:<name>') and its cached ModelView."""
+    key = st.session_state.get(CHOICE, DEFAULT_CONFIG)
+    uploads = st.session_state.get(UPLOADS, {})
+    if key in uploads:
+        digest, args = uploads[key]
+        return key, _upload_view(key, digest, args)
+    return key, _preset_view(key)
+
+
+def available_configs() -> list[str]:
+    return list(list_presets()) + list(st.session_state.get(UPLOADS, {}))
+
+
+def args_for(key: str) -> ModelArgs:
+    uploads = st.session_state.get(UPLOADS, {})
+    if key in uploads:
+        return uploads[key][1]
+    return _preset_view(key).args
