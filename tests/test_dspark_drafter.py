@@ -7,7 +7,7 @@ from model_helpers import tiny_model
 from engine.dspark.drafter import draft
 from engine.dspark.drafter_cache import DrafterCache
 from engine.model.draft import DraftContext, draft_hidden, main_features
-from engine.generation.sampling import SamplingParams
+from engine.model.sampling import SamplingParams
 
 V = 64
 GREEDY = SamplingParams()

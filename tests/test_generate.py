@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generation.sampling import SamplingParams, filter_logits, make_generators, probabilities, sample
+from engine.model.sampling import SamplingParams, filter_logits, make_generators, probabilities, sample
 
 
 def kept(logits: torch.Tensor) -> set[int]:

@@ -448,7 +448,7 @@ def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n
     tokens, q, confidences, every generator's state and the mtp.* moe/mhc trace facts equal the eager drafter's."""
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.generation.sampling import SamplingParams, make_generators
+    from engine.model.sampling import SamplingParams, make_generators
     model, gamma = spec_model, spec_model.args.dspark_block_size
     params = SamplingParams(temperature, top_k=40 if temperature else 0)
     rings_e, rings_g = _draft_state(model, n_rows, False), _draft_state(model, n_rows, True)
@@ -547,7 +547,7 @@ def test_meta_proxy_catches_a_host_sync_in_the_draft_body(body):
 
 def test_graphed_drafter_refuses_misuse_clearly(spec_model):
     from engine.graphs import GraphedDrafter
-    from engine.generation.sampling import SamplingParams
+    from engine.model.sampling import SamplingParams
     rings = _draft_state(spec_model, 2, True)
     with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
         GraphedDrafter(spec_model, rings, capture=True)
@@ -568,7 +568,7 @@ def test_graphed_drafter_refuses_misuse_clearly(spec_model):
 def test_cuda_graph_capture_of_the_draft_step_matches_eager():
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.generation.sampling import SamplingParams, make_generators
+    from engine.model.sampling import SamplingParams, make_generators
     torch.manual_seed(0)
     model = tiny_model(dtype=torch.float32, vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1).cuda()
     rings_e, rings_g = _draft_state(model, 3, False), _draft_state(model, 3, True)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.draft import DraftContext, draft_hidden
-from ..generation.sampling import SamplingParams, draw, probabilities
+from ..model.sampling import SamplingParams, draw, probabilities
 from .drafter_cache import DrafterCache
 
 

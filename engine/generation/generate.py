@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .sampling import SamplingParams, draw, make_generators, probabilities
+from ..model.sampling import SamplingParams, draw, make_generators, probabilities
 from ..text.tokenizer import Tokenizer
 from ..trace.trace import Trace
 

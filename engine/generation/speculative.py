@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .generate import EOS_ID, GenerationResult, OnToken, StepInfo, _elapsed, _row_seeds, check_prompts
-from .sampling import SamplingParams, draw, make_generators, probabilities
+from ..model.sampling import SamplingParams, draw, make_generators, probabilities
 from ..trace.records import DSparkStep
 from ..dspark.config import SCHEDULES, DSparkConfig
 from ..dspark.drafter import draft

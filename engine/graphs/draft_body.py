@@ -5,7 +5,7 @@ import torch
 
 from ..dspark.drafter import draft_block_ids, draft_forward, markov_drafts
 from ..model.draft import DraftContext
-from ..generation.sampling import SamplingParams
+from ..model.sampling import SamplingParams
 
 _GREEDY = SamplingParams()
 
