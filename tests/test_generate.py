@@ -91,7 +91,8 @@ def test_bad_parameters_are_named():
 
 import numpy as np  # noqa: E402
 
-from engine.spec.config import list_presets, load_config  # noqa: E402
+from engine.spec.config import load_config  # noqa: E402
+from engine.spec.presets import list_presets  # noqa: E402
 from engine.generation.generate import generate  # noqa: E402
 from engine.model import Transformer, init_weights  # noqa: E402
 from engine.trace.trace import Trace, TraceBudget  # noqa: E402
