@@ -9,9 +9,9 @@ import pytest
 
 from engine.trace.trace import Trace
 from engine.trace.tables import TraceFormatError
-from v41viz.ui import engine_session as es
-from v41viz.inspect import attention_panel as pa, dspark_panel as pd_, engram_panel as pe, experts_panel as px_
-from v41viz.inspect import mhc_panel as pm
+from v41viz.ui import engine_session
+from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel
+from v41viz.inspect import mhc_panel
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
 from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
@@ -21,7 +21,7 @@ PROMPT = "The quick brown fox"
 
 @pytest.fixture(scope="module")
 def slot():
-    return es.load_slot(es.model_choices()["tiny-v4.1"])
+    return engine_session.load_slot(engine_session.model_choices()["tiny-v4.1"])
 
 
 def _run(slot, **kw) -> LiveRun:
@@ -56,22 +56,22 @@ def test_speculative_greedy_matches_plain_greedy(plain, spec):
 
 def test_expert_heatmap_shows_each_tokens_choices(plain):
     trace = plain.trace
-    fig = px_.choice_heatmap(trace)
+    fig = experts_panel.choice_heatmap(trace)
     hm = fig.data[0]
-    paths = px_.moe_paths(trace)
+    paths = experts_panel.moe_paths(trace)
     assert list(hm.y) == paths and len(paths) == 10      # plain decoding runs no draft stage
-    positions, ids, weights, _ = px_.choice_grid(trace, 0, paths)
+    positions, ids, weights, _ = experts_panel.choice_grid(trace, 0, paths)
     assert len(hm.x) == len(positions) == 4 + 1 + 7      # BOS + 4 prompt tokens + 7 decoded (the last is not fed back)
     rec = trace.fact("moe", paths[3], 0, positions[2])
     assert hm.text[3][2] == ",".join(map(str, rec["ids"]))
     assert hm.z[3][2] == rec["ids"][np.argmax(rec["weights"])]
     assert "weight" in hm.customdata[3][2] and "score" in hm.customdata[3][2]
-    assert px_.moe_paths(trace, "layers.1") == ["layers.1.ffn"]
+    assert experts_panel.moe_paths(trace, "layers.1") == ["layers.1.ffn"]
 
 
 def test_load_is_relative_to_uniform(plain, slot):
     e, k = slot.args.n_routed_experts, slot.args.n_activated_experts
-    table = px_.load_table(plain.trace, ["layers.0.ffn", "layers.5.ffn"], e)
+    table = experts_panel.load_table(plain.trace, ["layers.0.ffn", "layers.5.ffn"], e)
     ratios = table[[f"e{i}" for i in range(e)]].to_numpy()
     assert np.allclose(ratios.mean(1), 1.0)                # the mean load is the uniform load
     assert (table["tokens×k"] == 12 * k).all()
@@ -80,14 +80,14 @@ def test_load_is_relative_to_uniform(plain, slot):
 
 def test_measured_experts_touched(plain, slot):
     e, k = slot.args.n_routed_experts, slot.args.n_activated_experts
-    m = px_.measured_touched(plain.trace)
+    m = experts_panel.measured_touched(plain.trace)
     assert list(m) == [1, 2, 4, 8] and m[1] == k          # top-k experts of one token are distinct
     values = list(m.values())
     assert all(a <= b for a, b in zip(values, values[1:])) and values[-1] <= e
 
 
 def test_token_topk_sorted_by_weight(plain):
-    t = px_.token_topk(plain.trace, 0, 3)
+    t = experts_panel.token_topk(plain.trace, 0, 3)
     assert len(t) == 10
     for w in t["weights"]:
         assert list(w) == sorted(w, reverse=True)
@@ -97,67 +97,67 @@ def test_token_topk_sorted_by_weight(plain):
 
 def test_mhc_matrix_gain_and_residuals(plain):
     trace = plain.trace
-    fig = pm.matrix_figure(trace, "layers.4", "ffn", 0, 2)
+    fig = mhc_panel.matrix_figure(trace, "layers.4", "ffn", 0, 2)
     assert np.allclose(np.array(fig.data[0].z), trace.mhc_matrix("layers.4", "ffn", 0, 2))
-    gains = pm.gain_by_depth(trace, 0, 2)
+    gains = mhc_panel.gain_by_depth(trace, 0, 2)
     assert len(gains) == 20 and gains["seam"].iloc[0] == "layers.0.attn"
     c0 = trace.mhc_matrix("layers.0", "attn", 0, 2)
     assert gains["gain"].iloc[0] == pytest.approx(max(c0.sum(0).max(), c0.sum(1).max()))
     assert np.allclose(gains["gain"], 1.0, atol=1e-3)       # products of doubly stochastic matrices
     _, composite_gain = trace.mhc_composite(0, 2)
     assert gains["gain"].iloc[-1] == pytest.approx(composite_gain)
-    res = pm.residual_table(trace)
+    res = mhc_panel.residual_table(trace)
     assert len(res) == 2 * len(trace.paths("mhc")) and (res["max row residual"] < 1e-3).all()
-    pre = pm.pre_post_figure(trace, "layers.4", "attn", 0, 2)
+    pre = mhc_panel.pre_post_figure(trace, "layers.4", "attn", 0, 2)
     assert len(pre.data) == 2 and len(pre.data[0].y) == 4
 
 
 def test_engram_rows_gates_and_text(plain, slot):
     trace, args = plain.trace, slot.args
-    assert pe.engram_paths(trace) == ["layers.1.engram", "layers.4.engram"]
-    table = pe.rows_table(trace, args, "layers.4.engram", 0, 3)
+    assert engram_panel.engram_paths(trace) == ["layers.1.engram", "layers.4.engram"]
+    table = engram_panel.rows_table(trace, args, "layers.4.engram", 0, 3)
     assert list(table.index) == ["2-gram", "3-gram", "4-gram"] and table.shape == (3, args.engram_n_heads)
     assert table.to_numpy().reshape(-1).tolist() == trace.fact("engram", "layers.4.engram", 0, 3)["row_ids"].tolist()
-    positions, gates = pe.gate_grid(trace, "layers.1.engram")
+    positions, gates = engram_panel.gate_grid(trace, "layers.1.engram")
     assert gates.shape == (len(positions), args.hc_mult) and ((gates >= 0) & (gates <= 1)).all()
-    page = pe.gated_text_html(trace, "layers.1.engram")
+    page = engram_panel.gated_text_html(trace, "layers.1.engram")
     for t in trace.tokens(0):
         assert html.escape(t.text) in page
     assert f"{gates[2].mean():.3f}" in page
-    summary = pe.token_summary(trace, "layers.1.engram")
+    summary = engram_panel.token_summary(trace, "layers.1.engram")
     assert summary["compressed id"].iloc[1] == int(trace.fact("engram", "layers.1.engram", 0, 1)["compressed_ids"])
 
 
 def test_dspark_views_agree_with_the_steps(spec, slot):
     trace = spec.trace
-    steps = pd_.steps(trace)
+    steps = dspark_panel.steps(trace)
     for s in steps:
-        v = pd_.verdicts(s)
+        v = dspark_panel.verdicts(s)
         assert v.count("accepted") == s.accepted
         assert v.count("rejected") == (1 if s.accepted < s.verify_len else 0)
         assert v.count("not verified") == len(s.drafted) - s.accepted - v.count("rejected")
         assert v[:s.accepted] == ["accepted"] * s.accepted
-    hist = pd_.accepted_histogram(trace).data[0]
+    hist = dspark_panel.accepted_histogram(trace).data[0]
     assert sum(hist.y) == len(steps)
-    m = pd_.metrics(trace, 0)
+    m = dspark_panel.metrics(trace, 0)
     assert m.mean_accepted_length == pytest.approx(np.mean([s.accepted + 1 for s in steps]))
-    page = pd_.steps_html(trace, slot.engine.tokenizer.token_text)
-    assert page.count("<div><b>step") == len(steps) and pd_.VERDICT_COLOURS["not verified"] in page
-    newline = pd_.steps_html(trace, lambda t: "\n<")   # every token a newline: each step stays one line
+    page = dspark_panel.steps_html(trace, slot.engine.tokenizer.token_text)
+    assert page.count("<div><b>step") == len(steps) and dspark_panel.VERDICT_COLOURS["not verified"] in page
+    newline = dspark_panel.steps_html(trace, lambda t: "\n<")   # every token a newline: each step stays one line
     assert "\n" not in newline and newline.count("⏎&lt;") == sum(len(s.drafted) + 2 for s in steps)
-    table = pd_.steps_table(trace, slot.engine.tokenizer.token_text)
+    table = dspark_panel.steps_table(trace, slot.engine.tokenizer.token_text)
     assert table["scheduled"].tolist() == [s.verify_len for s in steps]
-    assert len(pd_.acceptance_figure(m).data[0].y) == slot.args.dspark_block_size
+    assert len(dspark_panel.acceptance_figure(m).data[0].y) == slot.args.dspark_block_size
 
 
 def test_attention_shares_and_indexer_picks(plain):
     trace = plain.trace
-    shares = pa.share_table(trace)
+    shares = attention_panel.share_table(trace)
     assert len(shares) == 10
     assert np.allclose(shares[["window", "compressed", "sink"]].sum(axis=1), 1.0, atol=1e-4)
-    picks = pa.chosen_positions(trace, 0, 11)
+    picks = attention_panel.chosen_positions(trace, 0, 11)
     assert len(picks) >= 1 and all(min(p) >= 0 for p in picks["chosen compressed entries"])
-    assert pa.share_table(trace, only="layers.2.attn")["layer"].tolist() == ["layers.2.attn"]
+    assert attention_panel.share_table(trace, only="layers.2.attn")["layer"].tolist() == ["layers.2.attn"]
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -187,15 +187,15 @@ def test_links_between_diagram_and_panels():
 
 
 def test_model_choices(tmp_path):
-    choices = es.model_choices(tmp_path / "none")
+    choices = engine_session.model_choices(tmp_path / "none")
     assert {"tiny-v4.1", "default-small"} <= set(choices)
     assert "deepseek-v4.1-flash" not in choices and "tiny-v4" not in choices   # too big; not the V4.1 family
-    assert es.default_model(choices) == "tiny-v4.1"
+    assert engine_session.default_model(choices) == "tiny-v4.1"
     (tmp_path / "default").mkdir()
-    (tmp_path / "default" / "config.json").write_text(es.model_choices()["tiny-v4.1"].config.read_text())
-    with_ckpt = es.model_choices(tmp_path)
+    (tmp_path / "default" / "config.json").write_text(engine_session.model_choices()["tiny-v4.1"].config.read_text())
+    with_ckpt = engine_session.model_choices(tmp_path)
     assert with_ckpt["checkpoint:default"].checkpoint == tmp_path / "default"
-    assert es.default_model(with_ckpt) == "checkpoint:default"
+    assert engine_session.default_model(with_ckpt) == "checkpoint:default"
 
 
 def test_settings_are_checked():
@@ -263,9 +263,9 @@ def test_a_checkpoint_directory_becomes_the_default_model(slot, tmp_path):
     from engine.generation.generate import Engine
     other = Engine.load("tiny-v4.1", seed=7)                 # weights unlike the seed-0 random default
     save_checkpoint(other.model, tmp_path / "default", args=other.args)   # model.safetensors + config.json
-    choices = es.model_choices(tmp_path)
-    assert es.default_model(choices) == "checkpoint:default"
-    trained = es.load_slot(choices["checkpoint:default"])
+    choices = engine_session.model_choices(tmp_path)
+    assert engine_session.default_model(choices) == "checkpoint:default"
+    trained = engine_session.load_slot(choices["checkpoint:default"])
     assert trained.choice.checkpoint == tmp_path / "default" and "checkpoint" in trained.engine.source
     mine, theirs, random0 = (e.model.state_dict() for e in (trained.engine, other, slot.engine))
     floats = [k for k, v in theirs.items() if v.is_floating_point() and v.numel()]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import engine_session as es
+from . import engine_session
 from ..inspect.export import trace_from_upload
 from .page_links import INSPECT_JUMP
 from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace
@@ -13,15 +13,15 @@ LIVE, LOADED, SHOWN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 
 
-def model_sidebar() -> es.ModelChoice:
+def model_sidebar() -> engine_session.ModelChoice:
     """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land)."""
-    choices = es.model_choices()
+    choices = engine_session.model_choices()
     jump = st.session_state.get(INSPECT_JUMP)
     if jump and jump[0] in choices:  # a diagram box of a runnable config: inspect that model
         st.session_state[MODEL_KEPT] = jump[0]
     if MODEL_KEPT not in st.session_state:
         wanted = st.query_params.get("model", "")
-        st.session_state[MODEL_KEPT] = wanted if wanted in choices else es.default_model(choices)
+        st.session_state[MODEL_KEPT] = wanted if wanted in choices else engine_session.default_model(choices)
         if wanted and wanted not in choices:
             st.warning(f"The link asks for model '{wanted}', which this server cannot run; showing "
                        f"{st.session_state[MODEL_KEPT]}.")
@@ -31,22 +31,22 @@ def model_sidebar() -> es.ModelChoice:
         st.selectbox("Model to run", list(choices), key=MODEL, format_func=lambda k: choices[k].label,
                      on_change=lambda: st.session_state.update({MODEL_KEPT: st.session_state[MODEL]}))
         st.caption("Presets of the V4.1 family small enough for this machine, and every `checkpoints/*/` "
-                   f"directory. The engine runs on CPU with torch threads = {es.TORCH_THREADS}.")
+                   f"directory. The engine runs on CPU with torch threads = {engine_session.TORCH_THREADS}.")
     return choices[st.session_state[MODEL_KEPT]]
 
 
-def weights_note(slot: es.EngineSlot) -> None:
+def weights_note(slot: engine_session.EngineSlot) -> None:
     a = slot.args
     line = (f"**{slot.choice.key}** · {a.n_layers} layers + {a.n_draft_stages} draft stages · "
             f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {slot.engine.source} · "
             f"loaded in {slot.load_s:.1f} s")
     st.markdown(line)
     if slot.choice.checkpoint is None:
-        trained = "the trained `default` checkpoint" if (es.CHECKPOINTS / "default").is_dir() else \
+        trained = "the trained `default` checkpoint" if (engine_session.CHECKPOINTS / "default").is_dir() else \
             "a trained checkpoint (none is installed under `checkpoints/`)"
         st.warning(f"This model has {RANDOM_NOTE}. For meaningful experts, gates and drafts pick {trained}.",
                    icon=":material/casino:")
-    elif (card := es.card_summary(slot.choice.checkpoint)) is not None:
+    elif (card := engine_session.card_summary(slot.choice.checkpoint)) is not None:
         st.caption(card)
 
 
@@ -78,7 +78,7 @@ def settings_form(args) -> GenSettings | None:
                        bool(dspark), schedule, float(threshold), bool(attention))
 
 
-def generate(slot: es.EngineSlot, settings: GenSettings) -> None:
+def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
     """Stream one generation into the page; the run (partial if stopped) stays in the session."""
     try:
         settings.check()

@@ -6,8 +6,8 @@ import streamlit as st
 
 from engine.trace.trace import Trace, path_order
 from ..arch import accounting_panels as panels
-from ..inspect import attention_panel as pa, dspark_panel as pd_, engram_panel as pe, experts_panel as px_
-from ..inspect import mhc_panel as pm
+from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel
+from ..inspect import mhc_panel
 from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
 from .page_links import INSPECT_JUMP, to_diagram_button
 from ..inspect.export import FORMATS, trace_bytes
@@ -76,15 +76,15 @@ def header(run: LiveRun, config_key: str, node: str | None, what: str, key: str)
 
 def experts(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
     trace, only = run.trace, filter_path(node) if node else None
-    header(run, config_key, node or (px_.moe_paths(trace) or [None])[0], "MoE routing", "back_experts")
-    st.plotly_chart(px_.choice_heatmap(trace, 0, only), key="experts_heatmap", **CHART)
+    header(run, config_key, node or (experts_panel.moe_paths(trace) or [None])[0], "MoE routing", "back_experts")
+    st.plotly_chart(experts_panel.choice_heatmap(trace, 0, only), key="experts_heatmap", **CHART)
     left, right = st.columns(2)
-    left.plotly_chart(px_.load_figure(trace, args.n_routed_experts, only), key="experts_load", **CHART)
-    measured = px_.measured_touched(trace)
+    left.plotly_chart(experts_panel.load_figure(trace, args.n_routed_experts, only), key="experts_load", **CHART)
+    measured = experts_panel.measured_touched(trace)
     right.plotly_chart(panels.experts_touched_figure(args, measured=measured), key="experts_touched", **CHART)
     right.caption("Measured: distinct experts per backbone layer read by B consecutive tokens of this run.")
     st.markdown(f"**Top-{args.n_activated_experts} per layer for token {labels(trace, 0, [pos])[0]}**")
-    st.dataframe(px_.token_topk(trace, 0, pos), hide_index=True, width="stretch")
+    st.dataframe(experts_panel.token_topk(trace, 0, pos), hide_index=True, width="stretch")
 
 
 def mhc(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
@@ -95,24 +95,24 @@ def mhc(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
     site = mhc_site(node) if node and mhc_site(node) else c2.radio("Seam", ["attn", "ffn"], horizontal=True, key="mhc_site")
     header(run, config_key, diagram_node("mHC", layer, site), "mHC mixing", "back_mhc")
     left, right = st.columns(2)
-    left.plotly_chart(pm.matrix_figure(trace, layer, site, 0, pos), key="mhc_matrix", **CHART)
-    right.plotly_chart(pm.pre_post_figure(trace, layer, site, 0, pos), key="mhc_prepost", **CHART)
+    left.plotly_chart(mhc_panel.matrix_figure(trace, layer, site, 0, pos), key="mhc_matrix", **CHART)
+    right.plotly_chart(mhc_panel.pre_post_figure(trace, layer, site, 0, pos), key="mhc_prepost", **CHART)
     left, right = st.columns(2)
-    left.plotly_chart(pm.residual_figure(trace), key="mhc_residuals", **CHART)
-    right.plotly_chart(pm.gain_figure(trace, 0, pos), key="mhc_gain", **CHART)
+    left.plotly_chart(mhc_panel.residual_figure(trace), key="mhc_residuals", **CHART)
+    right.plotly_chart(mhc_panel.gain_figure(trace, 0, pos), key="mhc_gain", **CHART)
 
 
 def engram(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
     trace = run.trace
-    paths = pe.engram_paths(trace, filter_path(node) if node else None) or pe.engram_paths(trace)
+    paths = engram_panel.engram_paths(trace, filter_path(node) if node else None) or engram_panel.engram_paths(trace)
     if not paths:
         st.info("This trace has no Engram records (the model has no Engram layers).")
         return
     path = st.radio("Engram layer", paths, horizontal=True, key="engram_path") if len(paths) > 1 else paths[0]
     header(run, config_key, path, "Engram memory", "back_engram")
     st.markdown("**Text shaded by the mean gate** (hover a token for its value)")
-    st.html(pe.gated_text_html(trace, path))
-    st.plotly_chart(pe.gate_figure(trace, path), key="engram_gates", **CHART)
+    st.html(engram_panel.gated_text_html(trace, path))
+    st.plotly_chart(engram_panel.gate_figure(trace, path), key="engram_gates", **CHART)
     left, right = st.columns([2, 3])
     rec = trace.fact("engram", path, 0, pos)
     with left:
@@ -121,8 +121,8 @@ def engram(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> N
             st.info("No Engram record at this token.")
         else:
             st.caption(f"compressed token id {int(rec['compressed_ids'])}; rows by n-gram order × head")
-            st.dataframe(pe.rows_table(trace, args, path, 0, pos), width="stretch")
-    right.dataframe(pe.token_summary(trace, path), hide_index=True, width="stretch", height=300)
+            st.dataframe(engram_panel.rows_table(trace, args, path, 0, pos), width="stretch")
+    right.dataframe(engram_panel.token_summary(trace, path), hide_index=True, width="stretch", height=300)
 
 
 def dspark(run: LiveRun, config_key: str, token_text) -> None:
@@ -131,20 +131,20 @@ def dspark(run: LiveRun, config_key: str, token_text) -> None:
         st.info("No DSpark steps in this run: turn DSpark on in the settings and generate again.")
         return
     header(run, config_key, "mtp.0", "DSpark speculative steps", "back_dspark")
-    m = pd_.metrics(trace, 0)
+    m = dspark_panel.metrics(trace, 0)
     c = st.columns(4)
     c[0].metric("steps", m.steps)
     c[1].metric("mean accepted length", f"{m.mean_accepted_length:.2f}")
     c[2].metric("acceptance rate", f"{m.acceptance_rate:.2f}")
     c[3].metric("tokens / target forward", f"{m.tokens_per_forward:.2f}")
-    st.html(pd_.steps_html(trace, token_text))
+    st.html(dspark_panel.steps_html(trace, token_text))
     st.caption("Boxed: the anchor. Green: accepted, red: rejected, grey: not verified; → the target's token.")
     left, mid, right = st.columns(3)
-    left.plotly_chart(pd_.accepted_trace_figure(trace), key="dspark_trace", **CHART)
-    mid.plotly_chart(pd_.accepted_histogram(trace), key="dspark_hist", **CHART)
-    right.plotly_chart(pd_.acceptance_figure(m), key="dspark_accept", **CHART)
+    left.plotly_chart(dspark_panel.accepted_trace_figure(trace), key="dspark_trace", **CHART)
+    mid.plotly_chart(dspark_panel.accepted_histogram(trace), key="dspark_hist", **CHART)
+    right.plotly_chart(dspark_panel.acceptance_figure(m), key="dspark_accept", **CHART)
     with st.expander("Every step"):
-        st.dataframe(pd_.steps_table(trace, token_text), hide_index=True, width="stretch")
+        st.dataframe(dspark_panel.steps_table(trace, token_text), hide_index=True, width="stretch")
 
 
 def attention(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
@@ -153,10 +153,10 @@ def attention(run: LiveRun, config_key: str, node: str | None, pos: int) -> None
         st.info("Attention facts are opt-in: turn on 'trace attention' and generate again.")
         return
     header(run, config_key, node or trace.paths("attention")[0], "attention (opt-in)", "back_attention")
-    st.plotly_chart(pa.share_figure(trace, 0, only), key="attn_share", **CHART)
-    chosen = pa.chosen_positions(trace, 0, pos)
+    st.plotly_chart(attention_panel.share_figure(trace, 0, only), key="attn_share", **CHART)
+    chosen = attention_panel.chosen_positions(trace, 0, pos)
     if len(chosen):
-        st.plotly_chart(pa.chosen_figure(trace, 0, pos), key="attn_chosen", **CHART)
+        st.plotly_chart(attention_panel.chosen_figure(trace, 0, pos), key="attn_chosen", **CHART)
         st.dataframe(chosen, hide_index=True, width="stretch")
     else:
         st.info("No indexer picks at this token (too few compressed entries yet, or no indexed layer).")
