@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up on a fresh machine: a virtual environment with the pinned requirements.
+# Idempotent set-up on a fresh machine: a virtual environment with the pinned requirements, and this project
+# installed editable (so `engine` and `v41viz` import from any directory). A second run takes a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -7,3 +8,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -r requirements.txt
+# --no-deps: requirements.txt above installed every dependency (torch pinned to the CPU build); pyproject.toml
+# only states ranges, and resolving them could pull a CUDA torch.
+here="$(pwd -P)"
+installed="$(cd / && "$here/.venv/bin/python" -c 'import engine; print(engine.__file__)' 2>/dev/null || true)"
+if [ "$installed" != "$here/engine/__init__.py" ]; then
+  .venv/bin/python -m pip install -qq --no-deps -e .
+fi

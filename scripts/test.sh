@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (venv, requirements, Debian chromium for the browser tests, the prepared corpus), then run the whole test suite.
+# Set up (venv, requirements, Debian chromium for the browser tests, the prepared corpus), then run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,4 +9,11 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # the corpus the shipped model was trained on (tests re-measure its model card): ~10 s, byte-identical every time
 [ -f data/shakespeare/manifest.json ] || .venv/bin/python -m engine prepare_data --out data/shakespeare
-exec .venv/bin/python -m pytest -q "$@"
+# Arguments go to one pytest run (e.g. `bash scripts/test.sh -m "not slow"`, or a single file). Without any, the
+# whole suite in two stages: the fast one first (under 3 minutes), so a broken build fails early, then the slow
+# one (browser tests, model-card re-measurement, long training runs; tests/conftest.py lists them).
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+.venv/bin/python -m pytest -q -m "not slow"
+exec .venv/bin/python -m pytest -q -m slow
