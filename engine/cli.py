@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from .spec.config import ConfigError
+from .spec.errors import EngineError
 
 # One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations")
@@ -26,9 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
-    except (ConfigError, FileNotFoundError, ValueError) as e:
+    except EngineError as e:  # bad input; anything else is a bug and keeps its traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()
         return 0
+    except OSError as e:  # a file the user named could not be read or written (disk full, permissions, ...)
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.spec.config import load_config
 from engine.model import EngineOptions, Transformer, init_weights
+from engine.spec.config import load_config
+from engine.speedups import prepare_for_inference
 
 TINY = "configs/tiny-v4.1.json"
 # One intra-op thread: on the shared 2-core machine two OpenMP threads contend with other processes and
@@ -24,8 +25,9 @@ def synthetic_token_map(args, seed: int = 0) -> np.ndarray:
 
 
 def tiny_model(dtype=torch.float64, seed: int = 0, options: EngineOptions | None = None, **changes) -> Transformer:
+    """The tiny V4.1 model, random-init, prepared for inference as the engine prepares the models it builds."""
     a = tiny_args(**changes)
-    m = Transformer(a, synthetic_token_map(a), dtype=dtype, options=options)
+    m = prepare_for_inference(Transformer(a, synthetic_token_map(a), dtype=dtype, options=options))
     init_weights(m, seed)
     return m.eval()
 

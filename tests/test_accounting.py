@@ -6,8 +6,8 @@ import pytest
 
 from engine.spec.accounting import GIB, KINDS, account, kind_of, module_params
 from engine.spec.config import load_config
-from engine.spec.presets import list_presets
 from engine.spec.inventory import tensor_inventory
+from engine.spec.presets import list_presets
 from engine.spec.published_figures import published_figures
 
 V41 = load_config(list_presets()["deepseek-v4.1-flash"])

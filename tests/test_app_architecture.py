@@ -1,7 +1,7 @@
 """AppTest of the app shell and the architecture page: load, URL restore, selection, expansion, every preset."""
-import pytest
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.spec.config import ConfigError

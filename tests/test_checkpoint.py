@@ -9,16 +9,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint.store import CheckpointError, load_checkpoint, load_weights, save_checkpoint
+from engine.model import Transformer, init_weights
 from engine.spec.config import load_config
 from engine.spec.presets import list_presets
-from engine.model import Transformer, init_weights
+from engine.speedups import prepare_for_inference
 
 
 @pytest.fixture(scope="module")
 def tiny():
     args = load_config(list_presets()["tiny-v4.1"])
     token_map = np.arange(args.vocab_size) % args.engram_compressed_vocab_size
-    model = Transformer(args, token_map)
+    model = prepare_for_inference(Transformer(args, token_map))   # as load_checkpoint prepares its model
     init_weights(model, seed=3)
     return args, token_map, model.eval()
 
@@ -31,12 +32,12 @@ def saved(tiny, tmp_path_factory):
 
 def logits_of(model, tokens=((0, 17, 999, 5, 1234, 77, 9),)):
     with torch.inference_mode():
-        return model(torch.tensor(tokens), model.new_cache(len(tokens)), logits="all")
+        return model(torch.tensor(tokens), model.new_cache(len(tokens)), logits="all").logits
 
 
 def fresh(tiny):
     args, token_map, _ = tiny
-    model = Transformer(args, token_map)
+    model = prepare_for_inference(Transformer(args, token_map))   # as load_checkpoint prepares its model
     init_weights(model, seed=11)
     return model.eval()
 

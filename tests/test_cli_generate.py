@@ -7,8 +7,8 @@ import pytest
 
 from engine.checkpoint.store import save_checkpoint
 from engine.cli import main
-from engine.generation.generate import Engine
-from engine.trace.trace import Trace
+from engine.generation import Engine
+from engine.trace import Trace
 
 BASE = ["generate", "--prompt", "The cat", "--max-new-tokens", "3"]
 

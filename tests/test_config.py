@@ -7,7 +7,6 @@ import pytest
 
 from engine.spec.config import ConfigError, config_from_dict, load_config
 from engine.spec.presets import list_presets
-from engine.spec import engram_layout
 
 V41 = "configs/deepseek-v4.1-flash.json"
 V41_FLAT = "configs/deepseek-v4.1-flash-inference.json"
@@ -121,12 +120,12 @@ def test_tiny_presets_exercise_every_mechanism():
 
 def test_engram_layout_matches_spec():
     a = load_config(V41)
-    sizes = engram_layout.table_sizes(a)
+    sizes = a.engram_layout.table_sizes()
     assert sizes[0][:8] == [16000057, 16000079, 16000081, 16000097, 16000121, 16000129, 16000133, 16000183]
     assert sizes[1][16:] == [16000781, 16000799, 16000813, 16000819, 16000841, 16000877, 16000879, 16000889]
     assert [sum(s) for s in sizes] == [384006168, 384016682]
-    assert engram_layout.offsets(a)[0][:3] == [0, 16000057, 32000136]
-    assert engram_layout.offsets(a)[0][-1] == 368005705 and engram_layout.offsets(a)[1][-1] == 368015793
-    assert engram_layout.multipliers(a) == [
+    assert a.engram_layout.offsets()[0][:3] == [0, 16000057, 32000136]
+    assert a.engram_layout.offsets()[0][-1] == 368005705 and a.engram_layout.offsets()[1][-1] == 368015793
+    assert a.engram_layout.multipliers() == [
         [76632096046245, 4839876093313, 35959672319349, 73987337458391],
         [67716810739261, 51510806800915, 30921347202721, 82619226485591]]

@@ -7,13 +7,19 @@ import torch
 from safetensors.numpy import save_file
 
 from engine.cli import build_parser
+from engine.generation import Engine, generate
 from engine.generation.speculative import generate_speculative
-from engine.generation.generate import generate
 from engine.model import EngineOptions
-from engine.training.continuations import FILE_FORMAT, ContinuationSpec, continuation_windows, load_continuations, make_continuations, save_continuations
+from engine.training.continuations import (
+    FILE_FORMAT,
+    ContinuationSpec,
+    continuation_windows,
+    load_continuations,
+    make_continuations,
+    save_continuations,
+)
 from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, drafter_loss
-from model_helpers import tiny_model
-from test_model_card import inputs  # noqa: F401  (a tiny checkpoint and prepared data dir)
+from tests.model_helpers import tiny_model
 
 V = 64
 CORPUS = np.random.default_rng(5).integers(3, V - 1, 600).astype(np.int32)   # model ids below the noise token
@@ -27,7 +33,8 @@ def backbone():
 
 @pytest.fixture(scope="module")
 def rows():
-    return make_continuations(backbone(), CORPUS, ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4))
+    return make_continuations(Engine(backbone()), CORPUS,
+                              ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4))
 
 
 def test_rows_are_training_prompts_followed_by_the_models_greedy_continuation(rows):
@@ -38,9 +45,11 @@ def test_rows_are_training_prompts_followed_by_the_models_greedy_continuation(ro
         assert row[:5].tobytes() in text                                   # a slice of the training stream
         greedy = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=()).tokens[0]
         assert row[5:].tolist() == greedy                                  # batching changed nothing
-    again = make_continuations(backbone(), CORPUS, ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4))
+    again = make_continuations(Engine(backbone()), CORPUS,
+                               ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4))
     assert np.array_equal(rows, again)
-    other = make_continuations(backbone(), CORPUS, ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, seed=1))
+    other = make_continuations(Engine(backbone()), CORPUS,
+                               ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, seed=1))
     assert not np.array_equal(rows[:, :5], other[:, :5])
 
 
@@ -63,7 +72,7 @@ def test_file_round_trip_and_bad_files_are_named(rows, tmp_path):
     with pytest.raises(ValueError, match="sequences must be at least 1"):
         ContinuationSpec(sequences=0)
     with pytest.raises(ValueError, match="max_seq_len"):
-        make_continuations(backbone(), CORPUS, ContinuationSpec(sequences=1, new_tokens=10_000))
+        make_continuations(Engine(backbone()), CORPUS, ContinuationSpec(sequences=1, new_tokens=10_000))
 
 
 def test_windows_are_contiguous_slices_and_a_pure_function_of_the_step(rows):
@@ -115,13 +124,12 @@ def test_training_on_continuations_raises_greedy_acceptance_on_them(rows, tmp_pa
     assert accepted() > accept0 + 0.5
 
 
-def test_cli_writes_a_file_train_drafter_reads(inputs, tmp_path, capsys):
+def test_cli_writes_a_file_train_drafter_reads(card_inputs, tmp_path, capsys):
     """`continuations` on a tiny trained-format checkpoint and prepared data dir, then `train_drafter --continuations`."""
     from engine.cli import main
-    from engine.generation.generate import Engine
     from engine.training.corpus import load_tokens
     from engine.training.log import read_log
-    ckpt, data = inputs[0], inputs[1]
+    ckpt, data = card_inputs[0], card_inputs[1]
     assert "continuations" in build_parser().format_help()
     out = tmp_path / "c.safetensors"
     assert main(["continuations", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(out),
@@ -129,7 +137,7 @@ def test_cli_writes_a_file_train_drafter_reads(inputs, tmp_path, capsys):
     assert "3 rows of 12 tokens" in capsys.readouterr().out
     engine = Engine.load(checkpoint=ckpt)
     rows = load_continuations(out, engine.args.vocab_size, 12)
-    want = make_continuations(engine.model, load_tokens(data)["train"],
+    want = make_continuations(engine, load_tokens(data)["train"],
                               ContinuationSpec(sequences=3, prompt_len=4, new_tokens=8, batch=2, seed=5))
     assert np.array_equal(rows, want)
     run = tmp_path / "run"

@@ -5,14 +5,12 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from engine.cli import main as cli_main
 from engine.dspark.metrics import summarize
-from engine.generation.speculative import DSparkConfig, generate_speculative
-from engine.generation.generate import Engine
+from engine.generation import DSparkConfig, Engine, generate_speculative
 from engine.training.card import PROMPTS, balance_table, heldout_windows, measure_heldout, render, unigram_loss
 from engine.training.corpus import TOKENS_NAME, load_tokens, sha256_file
 

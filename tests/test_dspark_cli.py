@@ -6,7 +6,7 @@ import json
 import torch
 
 from engine.cli import main
-from engine.trace.trace import Trace
+from engine.trace import Trace
 
 torch.set_num_threads(1)
 BASE = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "The cat", "--max-new-tokens", "5"]

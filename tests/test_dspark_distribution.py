@@ -1,11 +1,11 @@
 """At T > 0, tokens emitted through DSpark verification follow the target's distribution (chi-square, α = 0.001)."""
 import pytest
 import torch
-from model_helpers import tiny_model
 
 from engine.dspark.schedule import ThroughputTable
-from engine.generation.speculative import DSparkConfig, generate_speculative
 from engine.dspark.verify import Verdict
+from engine.generation import DSparkConfig, generate_speculative
+from tests.model_helpers import tiny_model
 
 V = 16                   # a tiny vocabulary: exact marginals by enumeration, many samples per bin
 PROMPT = [0, 5, 7, 9]
@@ -22,10 +22,10 @@ def model():
 def exact(model):
     """Exact marginals of the 2nd and 3rd emitted token under plain sampling from the target at T = 1."""
     with torch.inference_mode():
-        p1 = torch.softmax(model(torch.tensor([PROMPT]))[0].double(), -1)                    # [V]
-        p2 = torch.softmax(model(torch.tensor([PROMPT + [a] for a in range(V)])).double(), -1)  # [V, V]
+        p1 = torch.softmax(model(torch.tensor([PROMPT])).logits[0].double(), -1)             # [V]
+        p2 = torch.softmax(model(torch.tensor([PROMPT + [a] for a in range(V)])).logits.double(), -1)  # [V, V]
         pairs = torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])
-        p3 = torch.softmax(model(pairs).double(), -1).view(V, V, V)                          # [a, b, c]
+        p3 = torch.softmax(model(pairs).logits.double(), -1).view(V, V, V)                   # [a, b, c]
     return p1 @ p2, torch.einsum("a,ab,abc->c", p1, p2, p3)
 
 

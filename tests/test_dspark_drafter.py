@@ -2,12 +2,12 @@
 and rollback of both the target cache and the drafter rings."""
 import pytest
 import torch
-from model_helpers import tiny_model
 
 from engine.dspark.drafter import draft
 from engine.dspark.drafter_cache import DrafterCache
 from engine.model.draft import DraftContext, draft_hidden, main_features
 from engine.model.sampling import SamplingParams
+from tests.model_helpers import tiny_model
 
 V = 64
 GREEDY = SamplingParams()
@@ -24,7 +24,7 @@ def prefilled(model, tokens, rows=None):
     cache = model.new_cache(B, 64)
     rings = DrafterCache(model, B, cache.margin)
     with torch.inference_mode():
-        logits, taps = model(tokens, cache, logits="last", return_taps=True)
+        logits, taps = model(tokens, cache, logits="last")
         rings.append(model, taps, torch.arange(B))
     return cache, rings, logits
 
@@ -41,7 +41,7 @@ def test_ring_holds_rope_features_of_the_last_window_positions(model):
     toks = torch.randint(0, V, (1, 13), generator=torch.Generator().manual_seed(0))
     _, rings, _ = prefilled(model, toks)
     with torch.inference_mode():
-        _, taps = model(toks, logits="last", return_taps=True)
+        _, taps = model(toks, logits="last")
         x = main_features(model, taps)                                        # [1, 13, dim]
         for st in model.mtp:
             want = st.attn.ring_kv(x, torch.arange(13).unsqueeze(0), True)[0, -model.args.window_size:]
@@ -102,7 +102,7 @@ def test_rollback_restores_target_and_drafter_state_exactly(model):
     ref_cache, ref_rings, _ = prefilled(model, torch.cat([toks, committed], 1))
     rows = torch.arange(2)
     with torch.inference_mode():
-        _, taps = model(torch.cat([committed, rejected], 1), cache, logits="all", return_taps=True)
+        _, taps = model(torch.cat([committed, rejected], 1), cache, logits="all")
         rings.append(model, taps, rows)
     cache.rollback(12, rows)
     rings.rollback(12, rows)
@@ -116,7 +116,7 @@ def test_rollback_restores_target_and_drafter_state_exactly(model):
         b = draft(model, ref_rings, rows, torch.tensor([1, 2]), GREEDY, [None, None])
         nxt = torch.tensor([[1], [2]])
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.confidence_logits, b.confidence_logits)
-        assert torch.equal(model(nxt, cache), model(nxt, ref_cache))
+        assert torch.equal(model(nxt, cache).logits, model(nxt, ref_cache).logits)
 
 
 def test_drafter_rollback_refuses_what_it_cannot_restore(model):
@@ -141,7 +141,7 @@ def test_teacher_forced_drafts_equal_generation_drafts(model):
         d = draft(model, rings, torch.tensor([0]), prefix[0, 10:11], SamplingParams(temperature=1.0),
                   [torch.Generator().manual_seed(0)])
         seq = torch.cat([prefix[0], d.tokens[0]])                             # anchor at 10, drafts at 11..15
-        _, taps = model(seq.unsqueeze(0), logits="last", return_taps=True)
+        _, taps = model(seq.unsqueeze(0), logits="last")
         out = draft_teacher_forced(model, seq, taps[0], torch.tensor([3, 10]))
     assert torch.allclose(torch.softmax(out.logits[1], -1).float(), d.q[0], atol=1e-6)
     assert torch.allclose(out.confidence_logits[1].float(), d.confidence_logits[0], atol=1e-6)
@@ -157,7 +157,7 @@ def test_teacher_forced_draft_is_differentiable():
                    dspark_noise_token_id=V - 1)   # training runs without the cache quant-dequant
     seq = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        _, taps = m(seq.unsqueeze(0), logits="last", return_taps=True)
+        _, taps = m(seq.unsqueeze(0), logits="last")
     out = draft_teacher_forced(m, seq, taps[0], torch.arange(1, 12))
     valid = out.targets >= 0
     loss = torch.nn.functional.cross_entropy(out.logits[valid], out.targets[valid])

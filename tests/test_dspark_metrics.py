@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-from model_helpers import tiny_model
 
 from engine.dspark.metrics import summarize
 from engine.dspark.profile import load_or_profile, load_table, profile_throughput, save_table, table_path
 from engine.dspark.schedule import ThroughputTable
-from engine.trace.records import DSparkStep
+from engine.trace import DSparkStep
+from tests.model_helpers import tiny_model
 
 
 def step(row, n, verify_len, accepted, survival, t=0.1):

@@ -4,12 +4,11 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from model_helpers import tiny_model
 
 from engine.dspark.schedule import ThroughputTable, schedule_threshold, schedule_throughput
-from engine.generation.speculative import DSparkConfig, generate_speculative
-from engine.generation.generate import generate
-from engine.trace.trace import Trace, TraceBudget
+from engine.generation import DSparkConfig, generate, generate_speculative
+from engine.trace import Trace, TraceBudget
+from tests.model_helpers import tiny_model
 
 V = 64   # small enough that random-init drafts are sometimes right, so both verification outcomes occur
 PROMPTS = [[0, 5, 7, 9, 11], [0, 10, 20], [0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [0, 1]]

@@ -1,5 +1,4 @@
 """Lossless verification: greedy reduces to argmax matching; sampling preserves the target distribution."""
-import itertools
 import math
 
 import torch

@@ -1,72 +1,10 @@
 """End-to-end: the real app in headless Debian Chromium (Playwright) — diagram, click, details, shared URL."""
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update"]
 SHARED = "/architecture?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A fresh `streamlit run app.py`; waits for the health endpoint and always stops the process."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.read() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("streamlit did not come up:\n" + log_path.read_text())
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}", log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright import sync_api
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test.sh does it)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _open(browser, url: str):
@@ -82,7 +20,7 @@ def _details(page):
     return page.locator(".st-key-details_panel")
 
 
-def test_shared_url_restores_the_view(server, browser):
+def test_shared_url_restores_the_view(server, browser, screenshots):
     # The very first request of a fresh server is a deep link: config, node and expansion all come back.
     base, _ = server
     page = _open(browser, base + SHARED)
@@ -94,13 +32,13 @@ def test_shared_url_restores_the_view(server, browser):
     assert "layer 5" in svg_text and "layers 3–7" not in svg_text   # the group is expanded layer by layer
     assert "layers 9–13" in svg_text and "×5" in svg_text            # other groups stay folded
     assert "inside layers.14" in svg_text
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "architecture_shared_url.png"), full_page=True)
-    page.locator("[data-testid='stPlotlyChart']").first.screenshot(path=str(SHOTS / "architecture_diagram_v41.png"))
+    page.screenshot(path=str(screenshots / "architecture_shared_url.png"), full_page=True)
+    diagram = page.locator("[data-testid='stPlotlyChart']").first
+    diagram.screenshot(path=str(screenshots / "architecture_diagram_v41.png"))
     page.close()
 
 
-def test_click_a_box_opens_its_details(server, browser):
+def test_click_a_box_opens_its_details(server, browser, screenshots):
     base, _ = server
     page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash")
     plot = page.locator(".js-plotly-plot").first
@@ -121,11 +59,11 @@ def test_click_a_box_opens_its_details(server, browser):
     hover = page.locator(".hoverlayer .hovertext").first
     hover.wait_for(timeout=10_000)
     assert "layers.2.ffn.gate" in hover.text_content() and "params" in hover.text_content()
-    page.screenshot(path=str(SHOTS / "architecture_clicked_head.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "architecture_clicked_head.png"), full_page=True)
     page.close()
 
 
-def test_selecting_attention_shows_engine_source_or_says_missing(server, browser):
+def test_selecting_attention_shows_engine_source_or_says_missing(server, browser, screenshots):
     base, _ = server
     page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
     panel = _details(page)
@@ -139,11 +77,11 @@ def test_selecting_attention_shows_engine_source_or_says_missing(server, browser
         panel.get_by_text("class Indexer").first.wait_for(timeout=10_000)
     else:
         assert "not implemented in the engine yet" in text
-    page.screenshot(path=str(SHOTS / "architecture_indexer.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "architecture_indexer.png"), full_page=True)
     page.close()
 
 
-def test_v4_dspark_pairs_fold_and_expand(server, browser):
+def test_v4_dspark_pairs_fold_and_expand(server, browser, screenshots):
     base, _ = server
     page = _open(browser, base + "/architecture?config=deepseek-v4-flash-dspark&node=layers.0.ffn.gate")
     svg = page.locator(".js-plotly-plot").first.inner_text()
@@ -151,7 +89,8 @@ def test_v4_dspark_pairs_fold_and_expand(server, browser):
     panel = _details(page)
     assert "Hash router" in panel.inner_text()
     assert "not implemented in the engine yet" in panel.inner_text()      # V4 hash routing is not in the engine
-    page.locator("[data-testid='stPlotlyChart']").first.screenshot(path=str(SHOTS / "architecture_diagram_v4_dspark.png"))
+    diagram = page.locator("[data-testid='stPlotlyChart']").first
+    diagram.screenshot(path=str(screenshots / "architecture_diagram_v4_dspark.png"))
     page.close()
 
 
@@ -174,7 +113,7 @@ def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tm
     page.close()
 
 
-def test_compare_page(server, browser):
+def test_compare_page(server, browser, screenshots):
     base, log_path = server
     page = browser.new_page(viewport={"width": 1600, "height": 1300})
     page.goto(base + "/compare")
@@ -182,7 +121,7 @@ def test_compare_page(server, browser):
     page.get_by_text("learned hc_head").wait_for(timeout=60_000)     # the side-by-side table has rendered
     text = page.inner_text("body")
     assert "Engram" in text and "learned hc_head" in text and "shared: sources [2, 8, 14, 20]" in text
-    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "compare.png"), full_page=True)
     page.close()
     log = log_path.read_text()
     assert "Traceback" not in log and "WARNING" not in log.upper().replace("WARNINGS", ""), log

@@ -7,8 +7,6 @@ import re
 import time
 from pathlib import Path
 
-from test_e2e_architecture import SHOTS, browser, server  # noqa: F401  (shared fixtures: one server per module)
-
 PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
 DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "default"    # the model the page opens with
 LAST_FFN = f"layers.{json.loads((DEFAULT / 'config.json').read_text())['n_layers'] - 1}.ffn"
@@ -57,7 +55,7 @@ def _output(page) -> str:
     return page.locator(".st-key-inspect_output").inner_text()
 
 
-def test_generate_streams_and_every_panel_has_data(server, browser):
+def test_generate_streams_and_every_panel_has_data(server, browser, screenshots):
     base, log_path = server
     page = _inspect(browser, base + "/inspect")
     body = page.inner_text("body")
@@ -65,9 +63,8 @@ def test_generate_streams_and_every_panel_has_data(server, browser):
     first = _generate(page, "ROMEO:", max_new=16, dspark=True)
     print(f"\nclick → first token: {first:.2f} s")
     assert first < 30
-    SHOTS.mkdir(parents=True, exist_ok=True)
     _settled(page)
-    page.screenshot(path=str(SHOTS / "inspect_generated.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "inspect_generated.png"), full_page=True)
     body = page.inner_text("[data-testid='stMain']")
     assert "live" in body and "tokens/s" in body, body[:3000]
     checks = {"Experts": LAST_FFN, "mHC": "s3", "Engram": "stream 3", "DSpark": "step 1",
@@ -80,12 +77,12 @@ def test_generate_streams_and_every_panel_has_data(server, browser):
         assert page.locator(".js-plotly-plot").count() >= 1
         assert page.locator("[data-testid='stException']").count() == 0
         _settled(page)
-        page.screenshot(path=str(SHOTS / f"inspect_{name.lower()}.png"), full_page=True)
+        page.screenshot(path=str(screenshots / f"inspect_{name.lower()}.png"), full_page=True)
     page.close()
     assert "Traceback" not in log_path.read_text()
 
 
-def test_export_then_replay_the_trace(server, browser, tmp_path):
+def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
     base, _ = server
     page = _inspect(browser, base + "/inspect?panel=Engram")
     _generate(page, "The sea was calm", max_new=8)
@@ -108,8 +105,9 @@ def test_export_then_replay_the_trace(server, browser, tmp_path):
         path = tmp_path / dl.value.suggested_filename
         dl.value.save_as(path)
         assert path.stat().st_size > 1000 and path.name == wanted
-    import pandas as pd  # the Parquet zip is readable by pandas
     import zipfile
+
+    import pandas as pd  # the Parquet zip is readable by pandas
     with zipfile.ZipFile(tmp_path / "trace.parquet.zip") as z:
         z.extract("moe.parquet", tmp_path)
     assert len(pd.read_parquet(tmp_path / "moe.parquet")) > 0
@@ -121,11 +119,11 @@ def test_export_then_replay_the_trace(server, browser, tmp_path):
     text = page.inner_text("[data-testid='stMain']")
     assert "loaded: trace.safetensors (a saved trace" in text and "stream 3" in text
     assert _output(page) == live_text          # the replayed trace carries the same prompt and text
-    page.screenshot(path=str(SHOTS / "inspect_replay_loaded.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "inspect_replay_loaded.png"), full_page=True)
     page.close()
 
 
-def test_two_sessions_at_once_get_what_they_get_alone(server, browser):
+def test_two_sessions_at_once_get_what_they_get_alone(server, browser, screenshots):
     base, _ = server
     a, b = _inspect(browser, base + "/inspect", 1000), _inspect(browser, base + "/inspect", 1000)
     for page, prompt in ((a, "Alpha beta gamma"), (b, "Red green blue")):
@@ -137,7 +135,7 @@ def test_two_sessions_at_once_get_what_they_get_alone(server, browser):
     for page in (a, b):
         page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
     together = [_output(a), _output(b)]
-    b.screenshot(path=str(SHOTS / "inspect_second_session.png"), full_page=True)
+    b.screenshot(path=str(screenshots / "inspect_second_session.png"), full_page=True)
     a.close()
     b.close()
     alone = _inspect(browser, base + "/inspect", 1000)
@@ -146,7 +144,7 @@ def test_two_sessions_at_once_get_what_they_get_alone(server, browser):
     alone.close()
 
 
-def test_diagram_box_opens_its_panel_and_back(server, browser):
+def test_diagram_box_opens_its_panel_and_back(server, browser, screenshots):
     base, _ = server
     page = browser.new_page(viewport={"width": 1500, "height": 1800})
     page.goto(base + "/architecture?config=tiny-v4.1&node=layers.1.engram")
@@ -159,7 +157,7 @@ def test_diagram_box_opens_its_panel_and_back(server, browser):
     text = page.inner_text("[data-testid='stMain']")
     assert "Engram memory" in text and "layers.1.engram" in text
     page.wait_for_function("() => location.search.includes('node=layers.1.engram')", timeout=15_000)
-    page.screenshot(path=str(SHOTS / "inspect_from_diagram.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "inspect_from_diagram.png"), full_page=True)
     page.locator(".st-key-back_engram button").click()
     page.wait_for_function("() => location.pathname.endsWith('/architecture')", timeout=30_000)
     page.locator(".st-key-details_panel").get_by_text("layers.1.engram").first.wait_for(timeout=60_000)
@@ -167,7 +165,7 @@ def test_diagram_box_opens_its_panel_and_back(server, browser):
     page.close()
 
 
-def test_stop_keeps_the_tokens_so_far(server, browser):
+def test_stop_keeps_the_tokens_so_far(server, browser, screenshots):
     base, _ = server
     page = _inspect(browser, base + "/inspect", 1000)
     page.get_by_label("Prompt").fill("A long story")
@@ -183,5 +181,5 @@ def test_stop_keeps_the_tokens_so_far(server, browser):
     assert 3 <= n < 300 and len(_output(page)) > len("A long story")
     _panel(page, "Experts")                    # the partial run's trace still fills the panels
     assert LAST_FFN in page.inner_text("[data-testid='stMain']")
-    page.screenshot(path=str(SHOTS / "inspect_stopped.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "inspect_stopped.png"), full_page=True)
     page.close()

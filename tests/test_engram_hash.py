@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from engine.spec import engram_layout
 from engine.spec.config import load_config
 from engine.text.engram_hash import DEAD, NgramHasher
 
@@ -63,15 +62,15 @@ def test_hand_computed_hashes_for_a_short_sequence():
         look = [c[t - s] if t - s >= 0 else None for s in range(4)]
         assert rows[0, t, 0].tolist() == python_rows(look, L1_MULTIPLIERS, L1_PRIMES, pad)
     # layer 14 uses its own multipliers (its primes come from engram_layout, checked against the spec in test_config)
-    l14 = {n: list(p) for n, p in zip((2, 3, 4), engram_layout.primes(V41)[1])}
+    l14 = {n: list(p) for n, p in zip((2, 3, 4), V41.engram_layout.primes()[1])}
     assert rows[0, 4, 1].tolist() == python_rows(c[4:0:-1], L14_MULTIPLIERS, l14, pad)
 
 
 def test_tables_come_from_engram_layout():
     hasher = NgramHasher(V41, synthetic_map(V41))
-    assert hasher.multipliers.tolist() == engram_layout.multipliers(V41) == [L1_MULTIPLIERS, L14_MULTIPLIERS]
+    assert hasher.multipliers.tolist() == V41.engram_layout.multipliers() == [L1_MULTIPLIERS, L14_MULTIPLIERS]
     assert hasher.primes[0].tolist() == [L1_PRIMES[2], L1_PRIMES[3], L1_PRIMES[4]]
-    assert hasher.offsets.tolist() == engram_layout.offsets(V41)
+    assert hasher.offsets.tolist() == V41.engram_layout.offsets()
 
 
 @pytest.mark.parametrize("args", [V41, TINY], ids=["v4.1", "tiny"])
@@ -80,8 +79,8 @@ def test_row_ids_stay_inside_each_column_table(args):
     ids = random_ids(args, (3, 200), seed=1)
     ids[0, :4] = 5  # the largest compressed id: the biggest products
     rows = hasher(ids, 0)
-    sizes = np.array(engram_layout.table_sizes(args))                       # [L, n_columns]
-    offsets = np.array(engram_layout.offsets(args))
+    sizes = np.array(args.engram_layout.table_sizes())                       # [L, n_columns]
+    offsets = np.array(args.engram_layout.offsets())
     assert rows.shape == (3, 200, len(args.engram_layer_ids), args.engram_n_columns)
     assert np.all(rows >= offsets) and np.all(rows < offsets + sizes)
     assert np.all(rows.max(axis=(0, 1, 3)) < np.array(args.engram_num_embeddings))

@@ -7,9 +7,9 @@ import unicodedata
 import numpy as np
 import pytest
 
-from engine.text import engram_map
 from engine.commands import tokenizer as command
 from engine.spec.config import load_config
+from engine.text import engram_map
 from engine.text.tokenizer import load_tokenizer
 
 V41 = "configs/deepseek-v4.1-flash.json"

@@ -91,19 +91,19 @@ def test_bad_parameters_are_named():
 
 import numpy as np  # noqa: E402
 
+from engine.generation import generate  # noqa: E402
+from engine.model import Transformer, init_weights  # noqa: E402
 from engine.spec.config import load_config  # noqa: E402
 from engine.spec.presets import list_presets  # noqa: E402
-from engine.generation.generate import generate  # noqa: E402
-from engine.model import Transformer, init_weights  # noqa: E402
-from engine.trace.trace import Trace, TraceBudget  # noqa: E402
-from engine.trace.formats import load_trace, save_trace  # noqa: E402
+from engine.speedups import prepare_for_inference  # noqa: E402
+from engine.trace import Trace, TraceBudget, load_trace, save_trace  # noqa: E402
 
 
 def build(max_seq_len: int | None = None):
     args = load_config(list_presets()["tiny-v4.1"])
     if max_seq_len is not None:
         args = args.replace(max_seq_len=max_seq_len)
-    model = Transformer(args, np.arange(args.vocab_size) % args.engram_compressed_vocab_size)
+    model = prepare_for_inference(Transformer(args, np.arange(args.vocab_size) % args.engram_compressed_vocab_size))
     init_weights(model, seed=1)
     return model.eval()
 
@@ -121,7 +121,7 @@ def test_greedy_equals_argmax_of_full_forward_without_cache(model):
     seq = list(PROMPTS[0])
     with torch.inference_mode():
         for _ in range(4):
-            seq.append(int(model(torch.tensor([seq]), logits="last").argmax(-1)))
+            seq.append(int(model(torch.tensor([seq]), logits="last").logits.argmax(-1)))
     assert res.tokens[0] == seq[len(PROMPTS[0]):]
     assert res.finish_reasons == ["length"]
 
@@ -186,10 +186,10 @@ def test_trace_does_not_change_logits(model):
     with torch.inference_mode():
         plain_cache, traced_cache = model.new_cache(1), model.new_cache(1)
         trace = Trace(TraceBudget(attention=True))
-        a = model(tokens, plain_cache, logits="all")
-        b = model(tokens, traced_cache, logits="all", trace=trace)
-        c = model(torch.tensor([[42]]), plain_cache)
-        d = model(torch.tensor([[42]]), traced_cache, trace=trace)
+        a = model(tokens, plain_cache, logits="all").logits
+        b = model(tokens, traced_cache, logits="all", trace=trace).logits
+        c = model(torch.tensor([[42]]), plain_cache).logits
+        d = model(torch.tensor([[42]]), traced_cache, trace=trace).logits
     assert torch.equal(a, b) and torch.equal(c, d)
     assert trace.summary()["records"]["attention"] > 0
 

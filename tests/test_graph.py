@@ -2,8 +2,8 @@
 import pytest
 
 from engine.spec.config import load_config
-from engine.spec.presets import list_presets
 from engine.spec.inventory import inventory_tuple
+from engine.spec.presets import list_presets
 from v41viz.arch.compare import field_diff, mechanisms, role_diff
 from v41viz.arch.details import node_details, tensor_table
 from v41viz.arch.folding import fold_layers
@@ -98,6 +98,7 @@ def test_owner_and_expert_folding_in_the_tensor_table():
 
 def test_every_tiny_v41_node_exists_in_the_engine_module_tree():
     import torch
+
     from engine.model.transformer import Transformer
     a = cfg("tiny-v4.1")
     g = build_graph(a)

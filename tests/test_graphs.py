@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.spec.config import load_config
-from engine.generation.generate import generate
+from engine.generation import generate
 from engine.graphs import CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe, decode_body
 from engine.model.context import ForwardContext
-from engine.trace.trace import FACT_KINDS, Trace, TraceBudget
-from model_helpers import TINY, random_tokens, tiny_model
+from engine.spec.config import load_config
+from engine.trace import FACT_KINDS, Trace, TraceBudget
+from tests.model_helpers import TINY, random_tokens, tiny_model
 
 PROMPT_LENS = (3, 9, 6)   # rows at different positions; ratio-2 groups complete on alternate steps
 
@@ -18,7 +18,7 @@ PROMPT_LENS = (3, 9, 6)   # rows at different positions; ratio-2 groups complete
 def _prefill(model, cache, prompts, trace=None):
     last = []
     for row, p in enumerate(prompts):
-        last.append(model(p.view(1, -1), cache, rows=[row], trace=trace).argmax(-1))
+        last.append(model(p.view(1, -1), cache, rows=[row], trace=trace).logits.argmax(-1))
     return torch.stack(last).view(-1, 1)                                     # [n, 1]
 
 
@@ -62,8 +62,8 @@ def test_static_body_decodes_like_eager_step_by_step(bucket_rows):
         for step in range(24):
             rows = _batches(step)
             tokens = nxt[rows]
-            got = decoder.step(tokens, rows)
-            want = model(tokens, eager, rows=rows)
+            got = decoder.step(tokens, rows).logits
+            want = model(tokens, eager, rows=rows).logits
             assert got.shape == want.shape and got.dtype == torch.float64
             worst = max(worst, float((got - want).abs().max()))
             nxt[rows] = want.argmax(-1, keepdim=True)
@@ -180,9 +180,9 @@ def test_trace_after_eager_replay_equals_the_eager_trace():
             for step in range(10):
                 rows = [0, 1] if step % 3 else [1]
                 if graphs:
-                    lg = decoder.step(nxt[rows], rows, trace)
+                    lg = decoder.step(nxt[rows], rows, trace).logits
                 else:
-                    lg = model(nxt[rows], cache, rows=rows, trace=trace)
+                    lg = model(nxt[rows], cache, rows=rows, trace=trace).logits
                 nxt[rows] = lg.argmax(-1, keepdim=True)
                 out.append(lg)
         traces.append(_fact_lists(trace))
@@ -213,7 +213,7 @@ def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
             rows = [[0, 1, 2], [2, 1], [1]][step % 3]
             block = torch.randint(0, model.args.vocab_size, (len(rows), S), generator=gen)
             anchor = eager.pos[rows].clone()
-            want, want_taps = model(block, eager, rows=rows, logits="all", return_taps=True, trace=trace_e)
+            want, want_taps = model(block, eager, rows=rows, logits="all", trace=trace_e)
             got, got_taps = decoder.step(block, rows, trace_g)
             assert got.shape == want.shape == (len(rows), S, model.args.vocab_size)
             worst = max(worst, float((got - want).abs().max()), float((got_taps - want_taps).abs().max()))
@@ -243,8 +243,7 @@ def test_generate_with_graphs_matches_plain_generate():
 
 def test_engine_generates_text_with_graphs_and_dspark():
     """Engine.generate_text passes cuda_graphs through to DSpark decoding (it used to refuse the pair)."""
-    from engine.generation.speculative import DSparkConfig
-    from engine.generation.generate import Engine
+    from engine.generation import DSparkConfig, Engine
     engine = Engine.load("tiny-v4.1", seed=0)
     runs = [engine.generate_text("hi", max_new_tokens=4, seed=0, dspark=DSparkConfig(), cuda_graphs=g)
             for g in (False, True)]
@@ -268,8 +267,8 @@ def test_cuda_graph_capture_and_replay_match_eager():
         trace_e, trace_g = Trace(TraceBudget(max_tokens=None)), Trace(TraceBudget(max_tokens=None))
         for step in range(20):
             rows = _batches(step)
-            want = model(nxt[rows], eager, rows=rows, trace=trace_e)
-            got = decoder.step(nxt[rows].cpu(), rows, trace_g)
+            want = model(nxt[rows], eager, rows=rows, trace=trace_e).logits
+            got = decoder.step(nxt[rows].cpu(), rows, trace_g).logits
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
             nxt[rows] = want.argmax(-1, keepdim=True)
     assert decoder.captured == [1, 2, 4]
@@ -344,7 +343,7 @@ def _step_facts(steps):
 @pytest.mark.parametrize("schedule", ["all", "threshold"])
 @pytest.mark.parametrize("n_rows", [1, 3])
 def test_greedy_dspark_with_graphs_equals_eager(spec_model, schedule, n_rows):
-    from engine.generation.speculative import DSparkConfig
+    from engine.generation import DSparkConfig
     cfg = DSparkConfig(schedule, threshold=0.6)
     eager, graphed = (_speculate(spec_model, SPEC_PROMPTS[:n_rows], g, dspark=cfg) for g in (False, True))
     assert graphed.tokens == eager.tokens and graphed.finish_reasons == eager.finish_reasons == ["length"] * n_rows
@@ -387,7 +386,7 @@ def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
     graphed step hands the trace only the scheduled block's records (trace_tokens), so short prompts (fewer
     visible compressed rows than index_topk) get the eager top-k widths, and a token budget that runs out
     mid-run fills the same slots and counts the same omissions."""
-    from engine.generation.speculative import DSparkConfig
+    from engine.generation import DSparkConfig
     traces = []
     for graphs in (False, True):
         trace = Trace(TraceBudget(max_tokens=max_tokens, attention=True))

@@ -9,13 +9,13 @@ import pytest
 
 from engine.checkpoint.store import CheckpointError, save_checkpoint
 from engine.cli import main as cli_main
-from engine.text.engram_map import load_token_map
-from engine.generation.generate import Engine
+from engine.generation import Engine
 from engine.model import Transformer, init_weights
+from engine.text.engram_map import load_token_map
 from engine.text.tokenizer import NOISE_ID, load_tokenizer
-from engine.trace.trace import Trace
 from engine.text.vocab import IdMap
-from model_helpers import tiny_args
+from engine.trace import Trace
+from tests.model_helpers import tiny_args
 
 TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n" * 2
 UNSEEN = "Zyxomorphic quasars" + " ünïcödé ✓"   # words the map never saw: they must come back as bytes

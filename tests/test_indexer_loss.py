@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.model import IndexerLoss
-from engine.training.train import Trainer, TrainConfig, build_model
-from model_helpers import random_tokens, synthetic_token_map, tiny_args, tiny_model
+from engine.training.train import TrainConfig, Trainer, build_model
+from tests.model_helpers import random_tokens, synthetic_token_map, tiny_args, tiny_model
 
 INDEXER_PARTS = (".indexer.wq_b.", ".indexer.weights_proj.", ".indexer.wk.", ".indexer.k_norm.")
 
@@ -19,9 +19,9 @@ def indexer_layers(model) -> list[int]:
 def test_logits_are_bit_identical_with_the_collector_on():
     model = tiny_model(dtype=torch.float32)
     tokens = random_tokens(2, 24, seed=1)
-    plain = model(tokens, logits="all")
+    plain = model(tokens, logits="all").logits
     collector = IndexerLoss()
-    with_loss = model(tokens, logits="all", indexer_loss=collector)
+    with_loss = model(tokens, logits="all", indexer_loss=collector).logits
     assert torch.equal(plain, with_loss)
     assert sorted(collector.per_layer) == indexer_layers(model) and len(collector.per_layer) >= 2
     kl = collector.value()
@@ -34,8 +34,8 @@ def test_cached_decode_is_unchanged_by_the_collector():
     outs = []
     for collector in (None, IndexerLoss()):
         cache = model.new_cache(1, 16)
-        first = model(tokens[:, :10], cache, indexer_loss=collector)
-        outs.append(torch.cat([first, model(tokens[:, 10:11], cache, indexer_loss=collector)]))
+        first = model(tokens[:, :10], cache, indexer_loss=collector).logits
+        outs.append(torch.cat([first, model(tokens[:, 10:11], cache, indexer_loss=collector).logits]))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -63,7 +63,7 @@ def test_only_indexer_weights_receive_its_gradient(train_model):
 def test_lm_loss_alone_gives_the_indexer_no_gradient(train_model):
     model = train_model
     tokens = random_tokens(2, 25, seed=4, vocab=512)
-    logits = model(tokens[:, :-1], logits="all")
+    logits = model(tokens[:, :-1], logits="all").logits
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
     for name, p in model.named_parameters():
         if any(part in f".{name}" for part in INDEXER_PARTS):

@@ -7,14 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from engine.trace.trace import Trace
-from engine.trace.tables import TraceFormatError
-from v41viz.ui import engine_session
-from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel
-from v41viz.inspect import mhc_panel
+from engine.trace import TraceFormatError
+from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
 from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
+from v41viz.ui import engine_session
 
 PROMPT = "The quick brown fox"
 
@@ -259,8 +257,9 @@ def _run_waiting(slot, seen):
 
 def test_a_checkpoint_directory_becomes_the_default_model(slot, tmp_path):
     import torch
+
     from engine.checkpoint.store import save_checkpoint
-    from engine.generation.generate import Engine
+    from engine.generation import Engine
     other = Engine.load("tiny-v4.1", seed=7)                 # weights unlike the seed-0 random default
     save_checkpoint(other.model, tmp_path / "default", args=other.args)   # model.safetensors + config.json
     choices = engine_session.model_choices(tmp_path)

@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from tests.model_helpers import tiny_model
-
 from engine.bench.gpu import run_gpu_bench, weight_bytes_per_step
 from engine.spec.config import load_config
+from tests.model_helpers import tiny_model
 
 SMALL = dict(vocab_size=2048, dspark_noise_token_id=2047)
 

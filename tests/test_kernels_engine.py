@@ -2,15 +2,14 @@
 import pytest
 import torch
 
-from tests.kernel_helpers import DEVICE, MODES, assert_close, assert_equal
-from tests.model_helpers import RecordingTrace, random_tokens, tiny_model
-
-from engine.kernels.apply import active_backend, apply_kernels, remove_kernels  # noqa: E402
-from engine.kernels.modules import KernelBlock, KernelEngram, KernelMoE  # noqa: E402
 from engine.kernels.runtime import unavailable_reason  # noqa: E402
 from engine.model import EngineOptions  # noqa: E402
 from engine.model.block import Block  # noqa: E402
 from engine.model.draft import DraftStage  # noqa: E402
+from engine.speedups import active_backend, apply_kernels, remove_kernels  # noqa: E402
+from engine.speedups.kernel_modules import KernelBlock, KernelEngram, KernelMoE  # noqa: E402
+from tests.kernel_helpers import DEVICE, MODES, assert_close, assert_equal
+from tests.model_helpers import RecordingTrace, random_tokens, tiny_model
 
 SMALL = dict(vocab_size=2048, dspark_noise_token_id=2047)
 
@@ -18,7 +17,7 @@ SMALL = dict(vocab_size=2048, dspark_noise_token_id=2047)
 def _pair(**options):
     ref = tiny_model(dtype=torch.float32, **SMALL).to(DEVICE)
     fast = tiny_model(dtype=torch.float32, options=EngineOptions(kernels="triton", **options), **SMALL).to(DEVICE)
-    assert active_backend(fast) == "triton"  # the option alone selects the kernels at construction
+    assert active_backend(fast) == "triton"  # the option alone selects the kernels (prepare_for_inference)
     return ref, fast
 
 
@@ -33,8 +32,8 @@ def test_kernel_engine_matches_reference_prefill_and_decode(mode):
     with torch.no_grad():
         for name, m in (("ref", ref), ("fast", fast)):
             cache, trace = m.new_cache(2, 8), RecordingTrace(attention=False)
-            prefill = m(toks, cache, rows=[0], trace=trace, logits="all")
-            decode = m(nxt, cache, trace=trace)                               # row 0 at position 2, row 1 at 0
+            prefill = m(toks, cache, rows=[0], trace=trace, logits="all").logits
+            decode = m(nxt, cache, trace=trace).logits                        # row 0 at position 2, row 1 at 0
             out[name] = (prefill, decode, trace)
     (p_ref, d_ref, t_ref), (p_fast, d_fast, t_fast) = out["ref"], out["fast"]
     assert_close(p_fast, p_ref, 1e-4, "prefill logits (all positions)")
@@ -71,7 +70,7 @@ def test_autograd_runs_the_reference_path_exactly():
     """Kernels have no backward: with gradients on, the kernel modules fall back to the PyTorch code."""
     ref, fast = _pair()
     toks = random_tokens(1, 2, seed=13, vocab=2048)
-    lr, lf = ref(toks), fast(toks)
+    lr, lf = ref(toks).logits, fast(toks).logits
     assert lf.requires_grad and torch.equal(lf, lr)
 
 
@@ -100,7 +99,7 @@ def test_kernel_drafter_matches_reference(mode):
     drafts = {}
     with torch.no_grad():
         # the target's prefill (compared above) once, on the reference: only the drafter runs kernels here
-        logits, taps = ref(toks, ref.new_cache(1, 16), return_taps=True, logits="all")
+        logits, taps = ref(toks, ref.new_cache(1, 16), logits="all")
         for name, m in (("ref", ref), ("fast", fast)):
             trace = RecordingTrace(attention=False)
             rings = DrafterCache(m, 1, m.margin)

@@ -4,11 +4,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, assert_equal, randn
-
 from engine.kernels import launch  # noqa: E402
 from engine.kernels.runtime import KernelInputError  # noqa: E402
 from engine.model.engram import Engram  # noqa: E402
+from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, assert_equal, randn
 
 
 def _engram(dim, cols, head_dim, n_rows, *, dtype, seed, hc=4):

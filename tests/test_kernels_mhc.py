@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, randn
-
 from engine.kernels import launch  # noqa: E402  (after the helpers chose the Triton mode)
 from engine.kernels.runtime import KernelInputError  # noqa: E402
 from engine.model.mhc import collapse, expand, hc_mixes  # noqa: E402
+from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, randn
 
 ITERS, HC_EPS, NORM_EPS = 20, 1e-6, 1e-6
 

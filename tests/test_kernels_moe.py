@@ -1,20 +1,20 @@
-"""Routed-expert kernels vs engine.model.moe.MoE._sorted: expert tiles, grouped SwiGLU matmuls, combine."""
+"""Routed-expert kernels vs the reference MoE.routed_experts (sorted): expert tiles, grouped SwiGLU matmuls, combine."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.kernel_helpers import DEVICE, DOT_DTYPES, MODES, NATIVE, TOL, assert_close, assert_equal, randn
-
 from engine.kernels import launch  # noqa: E402
 from engine.kernels.runtime import KernelInputError  # noqa: E402
 from engine.model.moe import MoE  # noqa: E402
+from engine.speedups.fast_moe import FastMoE  # noqa: E402
+from tests.kernel_helpers import DEVICE, DOT_DTYPES, MODES, NATIVE, TOL, assert_close, assert_equal, randn
 
 
 def _moe(dim, inter, E, k, *, dtype, seed, limit=10.0):
     args = SimpleNamespace(dim=dim, moe_inter_dim=inter, swiglu_limit=limit, route_scale=1.5, gate_temp=1.0,
                            norm_topk_prob=True)
-    m = MoE(args, E, k, dtype=dtype).to(DEVICE).requires_grad_(False)
+    m = FastMoE.adopt(MoE(args, E, k, dtype=dtype).to(DEVICE).requires_grad_(False))  # for its weight stacks
     for i, p in enumerate(m.parameters()):
         if p.dim() == 2:
             p.copy_(randn(*p.shape, seed=seed + i, scale=2 * p.size(1) ** -0.5, dtype=p.dtype))
@@ -43,11 +43,11 @@ def test_experts_match_sorted_reference(mode, case, dtype):
     weights, ids = _routing(m, x)
     w1, w2, w3 = m.stacked()
     got = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=limit)
-    want = m._sorted(x, weights, ids)
+    want = MoE.routed_experts(m, x, weights, ids)
     assert got.dtype == torch.float32
     assert_close(got, want, TOL[dtype] * 4, "routed experts' weighted sum")
     if N * k <= E:                                                      # the decode path agrees as well
-        assert_close(got, m._gathered(x, weights, ids), TOL[dtype] * 4, "vs the gathered (decode) path")
+        assert_close(got, m.gathered_experts(x, weights, ids), TOL[dtype] * 4, "vs the gathered (decode) path")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -59,7 +59,7 @@ def test_experts_with_fp8_activation_quant(mode):
     x = randn(5, 64, seed=22)
     weights, ids = _routing(m, x)
     w1, w2, w3 = m.stacked()
-    want = m._sorted(x, weights, ids)
+    want = MoE.routed_experts(m, x, weights, ids)
     got = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=10.0, act_quant=True)
     assert_close(got, want, TOL[torch.float32] * 4, "experts with FP8 activation quant")
     plain = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=10.0)
@@ -75,7 +75,7 @@ def test_full_width_expert(mode):
     weights, ids = _routing(m, x)
     w1, w2, w3 = m.stacked()
     got = launch.moe_experts(x, weights, ids, w1, w2, w3, limit=10.0)
-    assert_close(got, m._sorted(x, weights, ids), TOL[torch.float16] * 4, "full-width expert")
+    assert_close(got, MoE.routed_experts(m, x, weights, ids), TOL[torch.float16] * 4, "full-width expert")
 
 
 @pytest.mark.parametrize("mode", MODES)

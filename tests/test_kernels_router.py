@@ -4,11 +4,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, assert_equal, randn
-
 from engine.kernels import launch  # noqa: E402
 from engine.kernels.runtime import KernelInputError  # noqa: E402
 from engine.model.moe import Gate  # noqa: E402
+from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, assert_equal, randn
 
 
 def _gate(dim, E, k, *, dtype, seed, temp=1.0, norm=True, route_scale=1.5):

@@ -23,7 +23,7 @@ def tokens():
 @pytest.fixture(scope="module")
 def full(model, tokens):
     with torch.no_grad():
-        return model(tokens, logits="all")
+        return model(tokens, logits="all").logits
 
 
 def run_chunks(model, tokens, sizes, cache=None):
@@ -31,7 +31,7 @@ def run_chunks(model, tokens, sizes, cache=None):
     outs, at = [], 0
     with torch.no_grad():
         for n in sizes:
-            outs.append(model(tokens[:, at:at + n], cache, logits="all"))
+            outs.append(model(tokens[:, at:at + n], cache, logits="all").logits)
             at += n
     assert at == tokens.size(1)
     return torch.cat(outs, 1), cache
@@ -56,7 +56,7 @@ def test_multi_token_decode_equals_token_by_token(model, tokens, full):
 
 def test_last_logits_are_the_last_row_of_all(model, tokens, full):
     with torch.no_grad():
-        last = model(tokens)
+        last = model(tokens).logits
     assert last.shape == (2, model.args.vocab_size)
     torch.testing.assert_close(last, full[:, -1], **TOL)
 
@@ -64,7 +64,7 @@ def test_last_logits_are_the_last_row_of_all(model, tokens, full):
 def test_rows_at_different_positions_equal_each_row_alone(model, tokens):
     a, b = tokens[0:1], tokens[1:2]
     with torch.no_grad():
-        alone_a, alone_b = model(a, logits="all"), model(b, logits="all")
+        alone_a, alone_b = model(a, logits="all").logits, model(b, logits="all").logits
         cache = model.new_cache(3, 64)
         # row 2 gets 13 tokens of b, row 0 gets 6 tokens of a: different positions, then batched decode
         model(b[:, :13], cache, rows=[2])
@@ -73,7 +73,7 @@ def test_rows_at_different_positions_equal_each_row_alone(model, tokens):
         for step in range(4):
             pa, pb = 6 + 3 * step, 13 + 3 * step
             both = torch.cat([a[:, pa:pa + 3], b[:, pb:pb + 3]])
-            o = model(both, cache, rows=[0, 2], logits="all")
+            o = model(both, cache, rows=[0, 2], logits="all").logits
             out_a.append(o[0]), out_b.append(o[1])
     torch.testing.assert_close(torch.cat(out_a), alone_a[0, 6:18], **TOL)
     torch.testing.assert_close(torch.cat(out_b), alone_b[0, 13:25], **TOL)
@@ -95,14 +95,14 @@ def test_rollback_then_redecode_equals_never_having_decoded(model, tokens, prefi
     with torch.no_grad():
         clean = model.new_cache(2, 64)
         model(tokens[:, :prefix], clean)
-        ref = model(tokens[:, prefix:prefix + 6], clean, logits="all")
+        ref = model(tokens[:, prefix:prefix + 6], clean, logits="all").logits
 
         rolled = model.new_cache(2, 64)
         model(tokens[:, :prefix], rolled)
         model(other, rolled)                       # a rejected draft block ...
         rolled.rollback(prefix)                    # ... taken back
         assert rolled.pos.tolist() == [prefix, prefix]
-        again = model(tokens[:, prefix:prefix + 6], rolled, logits="all")
+        again = model(tokens[:, prefix:prefix + 6], rolled, logits="all").logits
     assert torch.equal(again, ref)
     for row in range(2):
         assert_same_live_state(rolled, clean, row)

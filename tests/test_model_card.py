@@ -10,67 +10,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.checkpoint.store import save_checkpoint
 from engine.cli import main as cli_main
-from engine.text.engram_map import load_token_map
-from engine.generation.generate import Engine
-from engine.model import Transformer, init_weights
-from engine.text.tokenizer import NOISE_ID, load_tokenizer
 from engine.dspark.metrics import summarize
+from engine.generation import Engine
 from engine.generation.speculative import generate_speculative
-from engine.training.card import PROMPTS, CardOptions, build_card
-from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME, sha256_file
-from engine.training.log import CsvLog
+from engine.text.tokenizer import load_tokenizer
 from engine.text.vocab import IdMap
-from model_helpers import tiny_args
-
-TRAIN = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: O Romeo, Romeo.\n" * 3
-HELD = "JULIET: Wherefore art thou Romeo? Deny thy father and refuse thy name.\n" * 2
-SEQ = 16
-OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5, repeats=1)
+from engine.training.card import PROMPTS, build_card
+from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME
+from tests.card_helpers import OPTS, SEQ
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    """A tiny checkpoint (random weights, id map, 5-row log) and a prepared data dir with a manifest."""
-    from safetensors.numpy import save_file
-    root = tmp_path_factory.mktemp("card")
-    tok = load_tokenizer()
-    id_map = IdMap.from_counts(Counter(tok.encode(TRAIN + HELD)), tok, min_count=1)
-    args = tiny_args(vocab_size=id_map.vocab_size, dspark_noise_token_id=id_map.model_id(NOISE_ID))
-    model = Transformer(args, id_map.engram_token_map(load_token_map(tok)))
-    init_weights(model, 11)
-    ckpt, data = root / "ckpt", root / "data"
-    save_checkpoint(model, ckpt)
-    id_map.save(ckpt)
-    log = CsvLog(ckpt / "log.csv")
-    for step in range(1, 6):
-        log.write(step=step, tokens=step * 32, train_loss=6.0 - step * 0.3, lr=1e-3, tokens_per_s=100.0 + step,
-                  step_s=0.3, elapsed_s=0.3 * step, max_violation=1.0 / step,
-                  heldout_loss=(6.5 - step * 0.2) if step % 2 == 1 else None)
-    data.mkdir()
-    train = np.asarray([0, *id_map.encode(TRAIN), 1], dtype=np.int32)
-    held = np.asarray([0, *id_map.encode(HELD), 1], dtype=np.int32)
-    id_map.save(data)
-    save_file({"train": train, "heldout": held}, str(data / TOKENS_NAME))
-    manifest = {"sources": [{"package": "test==1", "registry": "none", "file": "inline", "sha256": "0" * 64,
-                             "licence": "test text"}],
-                "works": {"a": {"split": "train"}, "b": {"split": "heldout"}},
-                "tokens": {"train": int(train.size), "heldout": int(held.size)},
-                "outputs": {TOKENS_NAME: sha256_file(data / TOKENS_NAME)}}
-    (data / MANIFEST_NAME).write_text(json.dumps(manifest))
-    card = build_card(ckpt, data, OPTS, log=lambda *_: None)
-    return ckpt, data, train, held, card
-
-
-def test_heldout_loss_and_unigram_baseline_equal_direct_computations(inputs):
-    ckpt, _, train, held, card = inputs
+def test_heldout_loss_and_unigram_baseline_equal_direct_computations(card_inputs):
+    ckpt, _, train, held, card = card_inputs
     n = (held.size - 1) // (SEQ + 1)
     assert 1 <= n <= OPTS.windows  # every non-overlapping window is used
     windows = torch.from_numpy(held[:n * (SEQ + 1)].reshape(n, SEQ + 1).astype(np.int64))  # [n, SEQ + 1]
     engine = Engine.load(checkpoint=ckpt)
     with torch.no_grad():
-        logits = engine.model(windows[:, :-1], logits="all")                               # [n, SEQ, V]
+        logits = engine.model(windows[:, :-1], logits="all").logits                        # [n, SEQ, V]
     direct = float(F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten()))
     h = card["heldout"]
     assert h["tokens"] == n * SEQ and h["windows"] == n
@@ -82,8 +40,8 @@ def test_heldout_loss_and_unigram_baseline_equal_direct_computations(inputs):
     assert h["unigram_loss"] == pytest.approx(uni, rel=1e-9)
 
 
-def test_balance_engram_dspark_and_samples_are_measured(inputs):
-    ckpt, _, _, held, card = inputs
+def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
+    ckpt, _, _, held, card = card_inputs
     args = Engine.load(checkpoint=ckpt).args
     routed = card["heldout"]["tokens"] * args.n_activated_experts
     layers = card["expert_balance"]["layers"]
@@ -112,15 +70,23 @@ def test_balance_engram_dspark_and_samples_are_measured(inputs):
         steps = [s for p in PROMPTS for s in generate_speculative(
             engine.model, [engine.encode(p)], max_new_tokens=OPTS.new_tokens, temperature=t, seed=OPTS.seed,
             stop_tokens=()).steps]
-        assert d[f"T={t:g}"]["mean_accepted_length"] == pytest.approx(summarize(steps).mean_accepted_length)
+        again = summarize(steps)
+        r = d[f"T={t:g}"]
+        assert r["mean_accepted_length"] == pytest.approx(again.mean_accepted_length)
+        assert r["dspark_steps"] == again.steps and r["decoded_tokens"] == len(PROMPTS) * (OPTS.new_tokens - 1)
+        assert r["per_position_acceptance"] == pytest.approx(again.conditional_acceptance, nan_ok=True)
+        low, high = r["speedup_range"]
+        assert 0 < low <= high and d["repeats"] == OPTS.repeats
+    assert card["measured"]["torch"] == torch.__version__ and card["measured"]["threads"] == torch.get_num_threads()
+    assert len(card["measured"]["date"]) == 10 and "cores" in card["measured"]["machine"]
     assert [s["prompt"] for s in card["samples"]] == list(PROMPTS)
     again = Engine.load(checkpoint=ckpt).generate_text("ROMEO:", max_new_tokens=OPTS.new_tokens, seed=OPTS.seed,
                                                        temperature=OPTS.sample_temperature)
     assert card["samples"][0]["text"] == again.texts[0]  # fixed seed: the sample is reproducible
 
 
-def test_card_files_carry_the_measured_numbers(inputs):
-    ckpt, _, _, _, card = inputs
+def test_card_files_carry_the_measured_numbers(card_inputs):
+    ckpt, _, _, _, card = card_inputs
     assert json.loads((ckpt / "card.json").read_text()) == json.loads(json.dumps(card))
     md = (ckpt / "MODEL_CARD.md").read_text()
     assert f"{card['heldout']['loss']:.3f}" in md and f"{card['heldout']['unigram_loss']:.3f}" in md
@@ -134,8 +100,8 @@ def test_card_files_carry_the_measured_numbers(inputs):
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
 
-def test_missing_inputs_are_named(inputs, tmp_path, capsys):
-    ckpt, data, *_ = inputs
+def test_missing_inputs_are_named(card_inputs, tmp_path, capsys):
+    ckpt, data, *_ = card_inputs
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / MANIFEST_NAME}, {tmp_path / TOKENS_NAME}$"):
         build_card(ckpt, tmp_path, OPTS)  # a data dir that was never prepared
     assert cli_main(["card", str(tmp_path), "--data", str(data)]) == 2
@@ -143,8 +109,8 @@ def test_missing_inputs_are_named(inputs, tmp_path, capsys):
     assert "model.safetensors" in err and "log.csv" in err
 
 
-def test_a_tokens_file_that_changed_since_the_manifest_is_refused(inputs, tmp_path):
-    ckpt, data, *_ = inputs
+def test_a_tokens_file_that_changed_since_the_manifest_is_refused(card_inputs, tmp_path):
+    ckpt, data, *_ = card_inputs
     other = tmp_path / "data"
     other.mkdir()
     (other / TOKENS_NAME).write_bytes((data / TOKENS_NAME).read_bytes() + b" ")
@@ -153,8 +119,8 @@ def test_a_tokens_file_that_changed_since_the_manifest_is_refused(inputs, tmp_pa
         build_card(ckpt, other, OPTS)
 
 
-def test_a_corpus_prepared_with_another_id_map_is_refused(inputs, tmp_path):
-    ckpt, data, *_ = inputs
+def test_a_corpus_prepared_with_another_id_map_is_refused(card_inputs, tmp_path):
+    ckpt, data, *_ = card_inputs
     other = tmp_path / "data"
     other.mkdir()
     for name in (TOKENS_NAME, MANIFEST_NAME):

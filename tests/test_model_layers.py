@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.spec import engram_layout
-from engine.spec.config import ConfigError, load_config
 from engine.model import Transformer
 from engine.model.moe import MoE
+from engine.spec.config import ConfigError, load_config
+from engine.speedups.fast_moe import FastMoE
 from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map, tiny_model
 
 SMALL = dict(vocab_size=2048, dspark_noise_token_id=2047)
@@ -111,20 +111,20 @@ def test_router_bias_selects_but_does_not_weight(model):
 
 
 def test_moe_gathered_and_dense_paths_equal_sorted_prefill_path(model):
-    moe: MoE = model.layers[5].ffn
+    moe: FastMoE = model.layers[5].ffn
     x = torch.randn(1, 3, model.args.dim, dtype=torch.float64)
     assert moe.dense_ok  # a tiny model's experts are small enough to run densely
     with torch.no_grad():
         w, ids, _ = moe.gate(x.view(-1, x.size(-1)))
-        a = moe._gathered(x.view(-1, x.size(-1)), w, ids)
-        b = moe._sorted(x.view(-1, x.size(-1)), w, ids)
-        c = moe._dense_all(x.view(-1, x.size(-1)), w, ids)
+        a = moe.gathered_experts(x.view(-1, x.size(-1)), w, ids)
+        b = MoE.routed_experts(moe, x.view(-1, x.size(-1)), w, ids)          # the reference: sorted by expert
+        c = moe.dense_experts(x.view(-1, x.size(-1)), w, ids)
     torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(c, b, atol=1e-12, rtol=1e-12)
     with torch.no_grad():  # changing an expert's weight in place rebuilds the dense matrices
         moe.experts[int(ids[0, 0])].w2.weight.mul_(2)
-        torch.testing.assert_close(moe._dense_all(x.view(-1, x.size(-1)), w, ids),
-                                   moe._sorted(x.view(-1, x.size(-1)), w, ids), atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(moe.dense_experts(x.view(-1, x.size(-1)), w, ids),
+                                   MoE.routed_experts(moe, x.view(-1, x.size(-1)), w, ids), atol=1e-12, rtol=1e-12)
         moe.experts[int(ids[0, 0])].w2.weight.div_(2)                       # exact: the module fixture is shared
     for t in range(3):   # the definition: Σ_j expert_j(x) · w_j (weight applied before w2)
         want = sum(moe.experts[int(ids[t, j])](x[:, t], w[t, j]) for j in range(ids.size(1)))
@@ -143,7 +143,7 @@ def test_engram_rows_match_hand_hash_and_gates_are_zero_on_dead(model, tokens):
     tm = model.token_map.numpy()
     comp = [int(tm[t]) if not mask[0, i] else -1 for i, t in enumerate(tokens[0, :12].tolist())]
     pad = int(tm[a.engram_pad_id])
-    mults, primes, offs = engram_layout.multipliers(a), engram_layout.table_sizes(a), engram_layout.offsets(a)
+    mults, primes, offs = a.engram_layout.multipliers(), a.engram_layout.table_sizes(), a.engram_layout.offsets()
     for li, layer in enumerate(a.engram_layer_ids):
         rec = recs[f"layers.{layer}.engram"]
         assert rec["compressed_ids"][0].tolist() == comp
@@ -191,8 +191,8 @@ def test_mhc_matrices_doubly_stochastic_and_pre_is_handed_on(model, tokens):
 
 def test_trace_does_not_change_logits(model, tokens):
     with torch.no_grad():
-        plain = model(tokens[:, :20], logits="all")
-        traced = model(tokens[:, :20], logits="all", trace=RecordingTrace())
+        plain = model(tokens[:, :20], logits="all").logits
+        traced = model(tokens[:, :20], logits="all", trace=RecordingTrace()).logits
     assert torch.equal(plain, traced)
 
 
@@ -212,7 +212,7 @@ def test_activations_stay_finite_and_order_one_with_random_init():
     hooks = [layer.register_forward_hook(lambda mod, i, o: stds.append(o[0].float().std().item()))
              for layer in m.layers]
     with torch.no_grad():
-        logits = m(random_tokens(2, 24, seed=9), logits="all")
+        logits = m(random_tokens(2, 24, seed=9), logits="all").logits
     for h in hooks:
         h.remove()
     assert len(stds) == m.args.n_layers
@@ -233,7 +233,7 @@ def test_v4_family_and_bad_token_maps_are_refused():
         m(torch.zeros(1, 3, dtype=torch.long))
     m.set_token_map(synthetic_token_map(a.replace(**SMALL)))
     with torch.no_grad():
-        assert m(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 2048)
+        assert m(torch.zeros(1, 3, dtype=torch.long)).logits.shape == (1, 2048)
 
 
 def test_attention_trace_masses_sum_to_one(model, tokens):
@@ -260,7 +260,7 @@ def test_taps_are_stream_means_entering_the_target_layers(model, tokens):
     hooks = [model.layers[i].register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0].mean(2)))
              for i in model.args.dspark_target_layer_ids]
     with torch.no_grad():
-        logits, taps = model(tokens[:, :9], return_taps=True)
+        logits, taps = model(tokens[:, :9])
     for h in hooks:
         h.remove()
     d = model.args.dim

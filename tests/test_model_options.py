@@ -20,8 +20,8 @@ def test_bounded_replay_keeps_encoder_state_and_approximates_the_rest():
     W = exact.args.window_size
     with torch.no_grad():
         ce, cr = exact.new_cache(1, 64), replay.new_cache(1, 64)
-        le = exact(toks, ce, logits="all")
-        lr, taps = replay(toks, cr, logits="all", return_taps=True)
+        le = exact(toks, ce, logits="all").logits
+        lr, taps = replay(toks, cr, logits="all")
         assert lr.shape == (1, W, 2048) and taps.shape[1] == W     # only the replayed tail exists
         assert cr.pos.tolist() == [30]
         # every KV source sits at or before the replay boundary: their caches are the exact ones
@@ -32,10 +32,10 @@ def test_bounded_replay_keeps_encoder_state_and_approximates_the_rest():
         assert not torch.allclose(le[:, -1], lr[:, -1])                 # an approximation, not exact
         assert torch.isfinite(lr).all()
         nxt = random_tokens(1, 1, seed=5, vocab=2048)
-        assert torch.isfinite(replay(nxt, cr)).all() and cr.pos.tolist() == [31]
+        assert torch.isfinite(replay(nxt, cr).logits).all() and cr.pos.tolist() == [31]
         # prompts within one window are unaffected
         short = toks[:, :W]
-        assert torch.equal(exact(short), replay(short))
+        assert torch.equal(exact(short).logits, replay(short).logits)
 
 
 def test_quant_simulation_quantizes_the_caches():
@@ -62,7 +62,7 @@ def test_act_quant_follows_the_config_dtype():
     assert fp8.layers[0].ffn.experts[0].w1.act_quant and not fp8.head.act_quant
     toks = random_tokens(1, 8, seed=2, vocab=2048)
     with torch.no_grad():
-        a, b = m(toks), fp8(toks)
+        a, b = m(toks).logits, fp8(toks).logits
     assert not torch.equal(a, b) and torch.corrcoef(torch.stack([a[0], b[0]]))[0, 1] > 0.9
 
 
@@ -71,7 +71,7 @@ def test_bf16_activations_track_fp32():
     bf = tiny_model(dtype=torch.bfloat16, **SMALL)
     toks = random_tokens(2, 16, seed=8, vocab=2048)
     with torch.no_grad():
-        a, b = f32(toks), bf(toks)
+        a, b = f32(toks).logits, bf(toks).logits
     assert b.dtype == torch.float32 and torch.isfinite(b).all()
     assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.95
 
@@ -88,4 +88,4 @@ def test_query_blocking_does_not_change_results():
     b = tiny_model(options=EngineOptions(attn_query_block=3), **SMALL)
     toks = random_tokens(2, 29, seed=11, vocab=2048)
     with torch.no_grad():
-        torch.testing.assert_close(a(toks, logits="all"), b(toks, logits="all"), atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(a(toks, logits="all").logits, b(toks, logits="all").logits, atol=1e-10, rtol=1e-10)

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.trace.trace import DSparkStep, Trace, TraceBudget
-from engine.trace.formats import load_trace, save_trace
-from engine.trace.tables import TraceFormatError
+from engine.trace import DSparkStep, Trace, TraceBudget, TraceFormatError, load_trace, save_trace
 
 FORMATS = ("t.json", "t.parquet.zip", "t.safetensors")
 

@@ -9,9 +9,15 @@ from engine.checkpoint.store import load_checkpoint
 from engine.cli import build_parser
 from engine.generation.speculative import generate_speculative
 from engine.model import EngineOptions
-from engine.training.train import Trainer, TrainConfig
-from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, acceptance_target, drafter_loss, freeze_backbone
-from model_helpers import synthetic_token_map, tiny_args
+from engine.training.train import TrainConfig, Trainer
+from engine.training.train_drafter import (
+    DrafterTrainConfig,
+    DrafterTrainer,
+    acceptance_target,
+    drafter_loss,
+    freeze_backbone,
+)
+from tests.model_helpers import synthetic_token_map, tiny_args
 
 V = 64
 PATTERN = [5, 9, 17, 23, 31, 40, 12]
@@ -146,7 +152,7 @@ def test_distillation_term_is_the_cross_entropy_against_the_target_distribution(
     with torch.no_grad():
         plain = drafter_loss(model, probe, 1.0)
         both = drafter_loss(model, probe, 1.0, distill_weight=0.5)
-        target_logits, taps = model(probe, logits="all", return_taps=True)               # [1, T, V]
+        target_logits, taps = model(probe, logits="all")                                 # [1, T, V]
     from engine.dspark.teacher_forced import draft_teacher_forced
     T, gamma = probe.size(1), model.args.dspark_block_size
     anchors = torch.arange(1, T)
@@ -162,7 +168,7 @@ def test_distillation_term_is_the_cross_entropy_against_the_target_distribution(
 
 
 def test_init_drafter_takes_only_the_mtp_tensors(trained, backbone_dir, tmp_path):
-    from engine.checkpoint.store import save_checkpoint, load_weights
+    from engine.checkpoint.store import load_weights, save_checkpoint
     donor = trained["trainer"].model
     save_checkpoint(donor, tmp_path / "donor", args=donor.args)
     fresh = load_backbone(backbone_dir)

@@ -11,11 +11,12 @@ import torch
 
 from engine.cli import main as cli_main
 from engine.text.tokenizer import NOISE_ID, load_tokenizer
+from engine.text.vocab import IdMap
 from engine.training import corpus
 from engine.training.balance import RouterTap, max_violation, sequence_balance_loss, update_biases
-from engine.training.train import Trainer, TrainConfig, build_model, train_windows
-from engine.text.vocab import IdMap
-from model_helpers import synthetic_token_map, tiny_args
+from engine.training.train import TrainConfig, Trainer, build_model
+from engine.training.windows import train_windows
+from tests.model_helpers import synthetic_token_map, tiny_args
 
 TEXT = ("ROMEO. But soft, what light through yonder window breaks?\n"
         "It is the east, and the sun is in the window.\n"

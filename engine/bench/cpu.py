@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..spec.config import ModelArgs
-from ..trace.trace import Trace, TraceBudget
+from ..spec.errors import InputError
+from ..trace import Trace, TraceBudget
 
 
 @dataclass
@@ -46,7 +47,16 @@ class BenchResult:
 def machine_description(device: str) -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
-    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    return f"{cpu_model() or platform.machine() + ' CPU'}, {os.cpu_count()} cores"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), or "" where that is not readable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 
@@ -54,15 +64,16 @@ def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
                 device: str, dtype: torch.dtype, options=None):
     """Check the bench sizes, then build a seeded random-init model in eval mode."""
     from ..model import Transformer, init_weights
+    from ..speedups import prepare_for_inference
     if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
-        raise ValueError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
+        raise InputError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
     if prompt_len + new_tokens > args.max_seq_len:
-        raise ValueError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
+        raise InputError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
                          f"max_seq_len of {args.max_seq_len}")
     token_map = None
     if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
-    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
+    model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device=device, options=options))
     init_weights(model, seed)
     return model.eval()
 
@@ -117,7 +128,7 @@ def _timed(model, tokens, cache, trace) -> tuple[float, torch.Tensor]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    out = model(tokens, cache, trace=trace, logits="last")
+    out = model(tokens, cache, trace=trace, logits="last").logits
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0, out

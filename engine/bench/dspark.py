@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..spec.config import ModelArgs
+from ..spec.errors import InputError
 
 
 @dataclass
@@ -43,27 +44,25 @@ def run_dspark_bench(args: ModelArgs, *, schedule: str = "all", batch: int = 1, 
                      new_tokens: int = 24, repeats: int = 3, seed: int = 0, device: str = "cpu",
                      dtype: torch.dtype = torch.float32, options=None) -> DSparkBenchResult:
     """Random-init model and prompts; plain and speculative greedy generation alternate, repeats times."""
-    from ..generation.generate import generate
+    from ..generation import DSparkConfig, Engine
     from .cpu import bench_model
-    from ..dspark.profile import load_or_profile
-    from ..generation.speculative import DSparkConfig, generate_speculative
 
     if not args.has_dspark:
-        raise ValueError(f"bench --dspark: config '{args.name}' has no DSpark drafter")
+        raise InputError(f"bench --dspark: config '{args.name}' has no DSpark drafter")
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
                         seed=seed, device=device, dtype=dtype, options=options)
-    cfg = DSparkConfig(schedule, sps=load_or_profile(model) if schedule == "auto" else None)
+    engine = Engine(model, source=f"random init (seed {seed})")
+    cfg = DSparkConfig.from_settings(schedule, model=model)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
     kw = dict(max_new_tokens=new_tokens, seed=seed, stop_tokens=())
-    generate(model, prompts, **{**kw, "max_new_tokens": 2})  # warm-up
+    engine.generate(prompts, **{**kw, "max_new_tokens": 2})  # warm-up
     off, on, ratios, results, equal = [], [], [], [], True
     for rep in range(repeats):
         order = (False, True) if rep % 2 == 0 else (True, False)  # a busy machine slows both alike
         runs = {}
         for spec in order:
-            runs[spec] = (generate_speculative(model, prompts, dspark=cfg, **kw) if spec
-                          else generate(model, prompts, **kw))
+            runs[spec] = engine.generate(prompts, dspark=cfg if spec else None, **kw)
         equal &= runs[True].tokens == runs[False].tokens
         off.append(runs[False].decode_tokens_per_s)
         on.append(runs[True].decode_tokens_per_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -94,6 +95,7 @@ def kernel_timings(args: ModelArgs, device: torch.device, tokens: tuple[int, ...
     from ..model.engram import Engram
     from ..model.mhc import collapse, expand, hc_mixes
     from ..model.moe import MoE
+    from ..speedups.fast_moe import FastMoE
 
     g = torch.Generator(device=device).manual_seed(0)
 
@@ -109,7 +111,7 @@ def kernel_timings(args: ModelArgs, device: torch.device, tokens: tuple[int, ...
                          hc_mult=hc, norm_eps=args.norm_eps, engram_layer_ids=[0],
                          engram_head_dim=args.engram_head_dim, engram_n_columns=args.engram_n_columns)
     E, k = args.n_routed_experts, args.n_activated_experts
-    moe = MoE(ns, E, k, dtype=dtype, device=device).requires_grad_(False)
+    moe = FastMoE.adopt(MoE(ns, E, k, dtype=dtype, device=device).requires_grad_(False))
     for p in moe.parameters():
         p.copy_(rnd(*p.shape, scale=p.shape[-1] ** -0.5, dt=p.dtype))
     rows = 4096
@@ -132,7 +134,7 @@ def kernel_timings(args: ModelArgs, device: torch.device, tokens: tuple[int, ...
 
         flat = rnd(n, D)
         weights, ids, _ = moe.gate(flat)
-        moe_ref = moe._gathered if n * k <= E else moe._sorted
+        moe_ref = moe.gathered_experts if n * k <= E else partial(MoE.routed_experts, moe)   # sorted reference
         cases = [("mhc seam (expand+mix+collapse)", seam_torch,
                   lambda: launch.mhc_seam(x, f=f, post_in=post, comb_in=comb, carry=carry, fn=fn, scale=scale,
                                           base=base, **eps)),
@@ -181,12 +183,12 @@ def decode_rate(model, batch: int, prompt_len: int, steps: int, device: torch.de
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(3, model.args.vocab_size, (batch, prompt_len), generator=g).to(device)
     times = []
-    out = model(tokens, cache, rows=list(range(batch)))
+    out = model(tokens, cache, rows=list(range(batch))).logits
     for _ in range(steps):
         tokens = out.argmax(-1, keepdim=True)
         _sync(device)
         t0 = time.perf_counter()
-        out = step(tokens, cache)
+        out = step(tokens, cache).logits
         _sync(device)
         times.append(time.perf_counter() - t0)
     return batch / statistics.median(times), cache, out.argmax(-1, keepdim=True)
@@ -228,10 +230,10 @@ def run_gpu_bench(args: ModelArgs, *, kernel_args: ModelArgs | None = None, devi
                   dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> GpuBenchResult:
     """`args` builds the decode model (random weights); `kernel_args` (default: args) gives the widths of
     the per-kernel timings, so full V4.1-Flash shapes can be timed without building the full model."""
-    from .cpu import machine_description
-    from ..kernels.apply import apply_kernels
     from ..kernels.runtime import interpreting, require
     from ..model import Transformer, init_weights
+    from ..speedups import apply_kernels, prepare_for_inference
+    from .cpu import machine_description
 
     dev = torch.device(device)
     require(dev)
@@ -240,11 +242,11 @@ def run_gpu_bench(args: ModelArgs, *, kernel_args: ModelArgs | None = None, devi
         dtype = torch.float32 if dtype == torch.bfloat16 else dtype    # its bf16 tl.dot is wrong
         tokens, steps, repeats = tokens[:1], min(steps, 2), 1
     kargs = kernel_args or args
-    with torch.no_grad():  # not inference_mode: MoE.stacked() reads parameter version counters
+    with torch.no_grad():  # not inference_mode: FastMoE.stacked() reads parameter version counters
         kernels = kernel_timings(kargs, dev, tokens, repeats, dtype)
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy() \
             if args.has_engram else None
-        model = Transformer(args, token_map, dtype=dtype, device=dev)
+        model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device=dev))
         init_weights(model, seed)
         model.eval()
         result = GpuBenchResult(config=args.name or "model", device=str(dev), machine=machine_description(str(dev)),

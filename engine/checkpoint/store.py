@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..spec.config import ModelArgs, load_config
+from ..spec.errors import InputError, MissingFileError
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -21,7 +22,7 @@ FP32_SUFFIXES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc
                  "attn.attn_sink", "ffn.gate.bias", "ffn.gate.bias_vl")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that does not fit the model or is not a readable safetensors file."""
 
 
@@ -35,7 +36,7 @@ def save_checkpoint(model: torch.nn.Module, path: str | Path, extra_metadata: di
     file = path if path.suffix == ".safetensors" else path / WEIGHTS_NAME
     file.parent.mkdir(parents=True, exist_ok=True)
     if dtype is not None and dtype not in STORAGE_DTYPES:
-        raise ValueError(f"save_checkpoint: dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
+        raise InputError(f"save_checkpoint: dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     tensors = {}
     for name, t in model.state_dict().items():
         t = t.detach().to("cpu")
@@ -54,12 +55,14 @@ def save_checkpoint(model: torch.nn.Module, path: str | Path, extra_metadata: di
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
                     token_map=None, options=None, config: ModelArgs | str | Path | None = None
                     ) -> tuple[ModelArgs, "Transformer"]:
-    """Build the model described by `config` (default: the config.json beside `path`) and load its weights."""
+    """Build the model described by `config` (default: the config.json beside `path`), load its weights and
+    apply the speed transforms its options ask for (engine.speedups.prepare_for_inference)."""
     from ..model import Transformer
+    from ..speedups import prepare_for_inference
     args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     load_weights(model, path)
-    return args, model
+    return args, prepare_for_inference(model)
 
 
 def config_beside(path: str | Path) -> Path:
@@ -96,7 +99,7 @@ def checkpoint_files(path: str | Path) -> list[Path]:
         else:
             raise CheckpointError(f"{path}: directory has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
+        raise MissingFileError(f"{path}: no such checkpoint")
     if path.name.endswith(".index.json"):
         try:
             weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]

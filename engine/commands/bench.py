@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..spec.errors import InputError
 from .run_args import apply_threads
 
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..dspark.config import SCHEDULES
     parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of the same static decode body) next to the plain forward")
     parser.add_argument("--dspark", action="store_true",
                         help="add DSpark on/off rows: tokens/s ratio, tokens per target forward, mean accepted length")
-    parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
+    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="all",
                         help="DSpark schedule for the --dspark rows (default all)")
 
 
@@ -40,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     apply_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
     if getattr(args, "gpu", False):
         from ..kernels.runtime import unavailable_reason
         reason = unavailable_reason(args.device)
         if reason is not None:
-            raise ValueError(f"--gpu on {args.device}: {reason}")
+            raise InputError(f"--gpu on {args.device}: {reason}")
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
     gpu = None

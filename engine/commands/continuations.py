@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation.generate import Engine
+    from ..generation import Engine
     from ..training.card import check_same_vocabulary
     from ..training.continuations import ContinuationSpec, make_continuations, save_continuations
     from ..training.corpus import load_tokens
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} continuations", end="", file=sys.stderr, flush=True)
 
-    rows = make_continuations(engine.model, train, spec, progress)
+    rows = make_continuations(engine, train, spec, progress)
     print(file=sys.stderr)
     path = save_continuations(args.out, rows, spec, args.checkpoint)
     print(f"wrote {path}: {rows.shape[0]} rows of {rows.shape[1]} tokens ({spec.prompt_len} prompt + "

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..spec.errors import InputError
 from .run_args import apply_threads
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
@@ -12,6 +13,7 @@ HELP = "generate text from a prompt (random-init or checkpoint weights), optiona
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..dspark.config import SCHEDULES
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index "
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads (default 1: small decode steps are many tiny ops, and extra "
                              "threads slow them down, badly so on a busy machine)")
     parser.add_argument("--dspark", action="store_true", help="decode speculatively with the DSpark drafter")
-    parser.add_argument("--schedule", choices=("all", "threshold", "auto"), default="all",
+    parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="all",
                         help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
                              "scheduler (Alg. 1) with this machine's profiled throughput table (default all)")
     parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
@@ -48,24 +50,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..generation.generate import Engine, check_prompts
-    from ..trace.trace import Trace, TraceBudget
-    from ..trace.formats import trace_format
+    from ..generation import DSparkConfig, Engine, check_prompts
+    from ..trace import Trace, TraceBudget, trace_format
 
     if not args.random_init and not args.checkpoint:
         if not DEFAULT_CHECKPOINT.is_dir():
-            raise ValueError(f"no trained default checkpoint is shipped yet ({DEFAULT_CHECKPOINT} is missing): "
+            raise InputError(f"no trained default checkpoint is shipped yet ({DEFAULT_CHECKPOINT} is missing): "
                              "pass --checkpoint DIR, or --random-init --config tiny-v4.1")
         args.checkpoint = str(DEFAULT_CHECKPOINT)
     if args.random_init and not args.config:
-        raise ValueError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
+        raise InputError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
     apply_threads(args.threads)
     if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+        raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.trace:
         trace_format(args.trace)  # refuse an unknown suffix before any work
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
     if args.cuda_graphs and not args.device.startswith("cuda"):
         print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
               file=sys.stderr)
@@ -75,11 +76,15 @@ def run(args: argparse.Namespace) -> int:
         from ..model import EngineOptions
         reason = unavailable_reason(args.device)
         if reason is not None:
-            raise ValueError(f"--kernels triton on {args.device}: {reason}")
+            raise InputError(f"--kernels triton on {args.device}: {reason}")
         options = EngineOptions(kernels="triton")
     engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
                          device=args.device, options=options)
-    dspark = _dspark_config(args, engine.model) if args.dspark else None
+    dspark = None
+    if args.dspark:
+        if not engine.args.has_dspark:
+            raise InputError(f"--dspark: config '{engine.args.name}' has no DSpark drafter (dspark_block_size is 0)")
+        dspark = DSparkConfig.from_settings(args.schedule, args.threshold, engine.model, on_profiled=_announce_profile)
     trace = None
     if args.trace:
         trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention),
@@ -112,16 +117,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dspark_config(args: argparse.Namespace, model):
-    from ..dspark.profile import load_or_profile, table_path
-    from ..generation.speculative import DSparkConfig
-
-    if not model.args.has_dspark:
-        raise ValueError(f"--dspark: config '{model.args.name}' has no DSpark drafter (dspark_block_size is 0)")
-    sps = None
-    if args.schedule == "auto":
-        fresh = not table_path(model).exists()
-        sps = load_or_profile(model)
-        if fresh:
-            print(f"profiled steps/s by batch tokens into {table_path(model)}", file=sys.stderr)
-    return DSparkConfig(args.schedule, threshold=args.threshold, sps=sps)
+def _announce_profile(path: Path) -> None:
+    print(f"profiled steps/s by batch tokens into {path}", file=sys.stderr)

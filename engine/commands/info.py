@@ -6,8 +6,8 @@ import json
 
 from ..spec.accounting import GIB, KINDS, Accounting, account
 from ..spec.config import ModelArgs
-from ..spec.presets import resolve_config
 from ..spec.experts_touched import touched_table
+from ..spec.presets import resolve_config
 from ..spec.published_figures import published_figures
 
 HELP = "print parameter, byte and KV-cache accounting and the layer-role table for a config"

@@ -1,23 +1,30 @@
-"""Options shared by commands: the training schedule and run control (train, train_drafter), torch threads (all)."""
+"""Options shared by commands: options derived from a config dataclass, run control (train, train_drafter), threads."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+
+from ..spec.errors import InputError
 
 
-def add_schedule_arguments(parser: argparse.ArgumentParser, d, seq_help: str = "tokens per sequence") -> None:
-    """--steps --batch --seq --lr --min-lr --warmup, defaulting to the config object `d`."""
-    parser.add_argument("--steps", type=int, default=d.steps, help=f"total optimizer steps (default {d.steps})")
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences per step (default {d.batch})")
-    parser.add_argument("--seq", type=int, default=d.seq, help=f"{seq_help} (default {d.seq})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    parser.add_argument("--min-lr", type=float, default=d.min_lr, help=f"final learning rate (default {d.min_lr})")
-    parser.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+def add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
+    """One option per field of `config_cls` declared with training.fields.option, in field order:
+    `--name-with-dashes` (or the field's flag), typed and defaulted by the field, its help + the default."""
+    for f in fields(config_cls):
+        if "help" not in f.metadata:
+            continue
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        parser.add_argument(flag, dest=f.name, metavar=flag.lstrip("-").replace("-", "_").upper(),
+                            type=type(f.default), default=f.default, help=f"{f.metadata['help']} (default {f.default})")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, d, resume_help: str, export_help: str) -> None:
-    """--save-every --seed --threads --resume --export --no-progress."""
-    parser.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint period (default {d.save_every})")
-    parser.add_argument("--seed", type=int, default=d.seed)
+def config_from_args(config_cls, args: argparse.Namespace):
+    """`config_cls` from the parsed options add_config_options added; other fields keep their defaults."""
+    return config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls) if "help" in f.metadata})
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, resume_help: str, export_help: str) -> None:
+    """--threads --resume --export --no-progress."""
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--resume", action="store_true", help=resume_help)
     parser.add_argument("--export", metavar="DIR", help=export_help)
@@ -29,6 +36,6 @@ def apply_threads(threads: int | None) -> None:
     if threads is None:
         return
     if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+        raise InputError(f"--threads must be >= 1, got {threads}")
     import torch
     torch.set_num_threads(threads)

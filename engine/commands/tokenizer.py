@@ -5,6 +5,8 @@ import argparse
 import json
 import time
 
+from ..spec.errors import InputError
+
 HELP = "encode/decode text with the DeepSeek tokenizer, or build and check the Engram compressed-token map"
 
 
@@ -23,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from ..text.tokenizer import load_tokenizer
 
     if (args.rebuild or args.cache_dir) and not args.engram_map:
-        raise ValueError("--rebuild and --cache-dir only apply with --engram-map")
+        raise InputError("--rebuild and --cache-dir only apply with --engram-map")
     t0 = time.perf_counter()
     tok = load_tokenizer()
     load_s = time.perf_counter() - t0
@@ -55,11 +57,11 @@ def _engram_map_report(tok, rebuild: bool, cache_dir: str | None) -> dict:
 def _parse_ids(raw: str) -> list[int]:
     parts = raw.replace(",", " ").split()
     if not parts:
-        raise ValueError("--ids is empty; give token ids such as --ids '0,19923,3059'")
+        raise InputError("--ids is empty; give token ids such as --ids '0,19923,3059'")
     try:
         return [int(p) for p in parts]
     except ValueError:
-        raise ValueError(f"--ids must be integers separated by commas or spaces, got {raw!r}") from None
+        raise InputError(f"--ids must be integers separated by commas or spaces, got {raw!r}") from None
 
 
 def _shown(text: str) -> str:

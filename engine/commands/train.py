@@ -4,27 +4,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run_args import add_run_arguments, add_schedule_arguments, apply_threads
+from ..spec.errors import InputError
+from .run_args import add_config_options, add_run_arguments, apply_threads, config_from_args
 
 HELP = "train a model of the V4.1 architecture on a prepared corpus (see prepare_data); checkpoints and resumes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..training.train import TrainConfig
-    d = TrainConfig()
     parser.add_argument("--config", required=True, help="model config.json (e.g. configs/default-small.json)")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     parser.add_argument("--out", required=True, help="checkpoint directory (e.g. checkpoints/default)")
-    add_schedule_arguments(parser, d)
-    parser.add_argument("--bias-gamma", type=float, default=d.bias_gamma,
-                        help=f"router bias step of the auxiliary-loss-free balancing (default {d.bias_gamma})")
-    parser.add_argument("--seq-aux", type=float, default=d.seq_aux_alpha,
-                        help=f"weight of the sequence-wise balance loss, 0 = off (default {d.seq_aux_alpha})")
-    parser.add_argument("--indexer-loss", type=float, default=d.indexer_loss,
-                        help=f"weight of the lightning indexer's KL loss, 0 = off (default {d.indexer_loss})")
-    parser.add_argument("--eval-every", type=int, default=d.eval_every, help=f"held-out evaluation period (default {d.eval_every})")
-    parser.add_argument("--eval-windows", type=int, default=d.eval_windows, help=f"held-out windows (default {d.eval_windows})")
-    add_run_arguments(parser, d, resume_help="continue the run saved in --out",
+    add_config_options(parser, TrainConfig)
+    add_run_arguments(parser, resume_help="continue the run saved in --out",
                       export_help="after training, write the shippable bf16 checkpoint (model.safetensors, "
                                   "config.json, id_map.json, log.csv; no optimizer state) to DIR")
 
@@ -33,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from ..spec.config import load_config
     from ..text.engram_map import load_token_map
     from ..text.tokenizer import load_tokenizer
-    from ..training.corpus import load_tokens, require_corpus
-    from ..training.train import Trainer, TrainConfig, describe
     from ..text.vocab import ID_MAP_NAME, IdMap
+    from ..training.corpus import load_tokens, require_corpus
+    from ..training.train import TrainConfig, Trainer, describe
 
     apply_threads(args.threads)
     model_args = load_config(args.config)
@@ -45,11 +37,7 @@ def run(args: argparse.Namespace) -> int:
     id_map = IdMap.load(data_dir / ID_MAP_NAME, load_tokenizer())
     check_vocabulary(model_args, id_map, args.config, data_dir / ID_MAP_NAME)
     engram_map = id_map.engram_token_map(load_token_map()) if model_args.has_engram else None
-    cfg = TrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
-                      warmup=args.warmup, bias_gamma=args.bias_gamma, seq_aux_alpha=args.seq_aux,
-                      indexer_loss=args.indexer_loss,
-                      eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every,
-                      seed=args.seed)
+    cfg = config_from_args(TrainConfig, args)
     trainer = Trainer(model_args, cfg, load_tokens(data_dir), args.out, engram_map=engram_map,
                       id_map_file=data_dir / ID_MAP_NAME, resume=args.resume)
     print(describe(trainer))
@@ -70,8 +58,8 @@ def check_vocabulary(model_args, id_map, config_path, id_map_path) -> None:
 
     noise = id_map.model_id(NOISE_ID)
     if id_map.vocab_size != model_args.vocab_size:
-        raise ValueError(f"{config_path}: vocab_size {model_args.vocab_size} differs from the {id_map.vocab_size} ids "
+        raise InputError(f"{config_path}: vocab_size {model_args.vocab_size} differs from the {id_map.vocab_size} ids "
                          f"of {id_map_path}; set vocab_size to {id_map.vocab_size} and dspark_noise_token_id to {noise}")
     if model_args.has_dspark and model_args.dspark_noise_token_id != noise:
-        raise ValueError(f"{config_path}: dspark_noise_token_id is {model_args.dspark_noise_token_id}, but the noise "
+        raise InputError(f"{config_path}: dspark_noise_token_id is {model_args.dspark_noise_token_id}, but the noise "
                          f"token {NOISE_ID} is model id {noise} under {id_map_path}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run_args import add_run_arguments, add_schedule_arguments, apply_threads
+from ..spec.errors import InputError
+from .run_args import add_config_options, add_run_arguments, apply_threads, config_from_args
 
 HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backbone frozen: block cross-entropy "
         "through the Markov head, confidence head on the analytical acceptance target")
@@ -12,49 +13,37 @@ HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backb
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..training.train_drafter import DrafterTrainConfig
-    d = DrafterTrainConfig()
     parser.add_argument("--checkpoint", required=True, help="trained backbone (directory with model.safetensors, "
                         "config.json, id_map.json), e.g. the backbone run's --out")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     parser.add_argument("--out", required=True, help="the drafter run's directory (not the backbone's)")
-    add_schedule_arguments(parser, d, seq_help="tokens per sequence, each an anchor")
-    parser.add_argument("--confidence-weight", type=float, default=d.confidence_weight,
-                        help=f"weight of the confidence head's BCE (default {d.confidence_weight})")
-    parser.add_argument("--distill-weight", type=float, default=d.distill_weight,
-                        help="weight of the cross-entropy against the frozen target's next-token distribution, "
-                             f"0 = real tokens only (default {d.distill_weight})")
+    add_config_options(parser, DrafterTrainConfig)
     parser.add_argument("--continuations", metavar="FILE",
                         help="greedy continuations of the target (`python -m engine continuations`) to train on "
                              "next to the corpus: at T=0 verification follows exactly such trajectories")
-    parser.add_argument("--continuation-share", type=float, default=d.continuation_share,
-                        help="with --continuations: the share of each batch taken from them "
-                             f"(default {d.continuation_share})")
     parser.add_argument("--init-drafter", metavar="CKPT",
                         help="start from the drafter (mtp.* tensors) of another checkpoint of the same config, e.g. "
                              "one trained on an earlier snapshot of the backbone (default: the checkpoint's own)")
-    add_run_arguments(parser, d, resume_help="continue the drafter run saved in --out",
+    add_run_arguments(parser, resume_help="continue the drafter run saved in --out",
                       export_help="after training, write the shippable bf16 checkpoint (backbone + trained "
                                   "drafter, config.json, id_map.json, log.csv, drafter_log.csv) to DIR")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation.generate import Engine
+    from ..generation import Engine
     from ..model.options import EngineOptions
+    from ..text.vocab import ID_MAP_NAME
     from ..training.corpus import load_tokens
     from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
-    from ..text.vocab import ID_MAP_NAME
 
     apply_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
     if args.init_drafter:
         if args.resume:
-            raise ValueError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
+            raise InputError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
         from ..checkpoint.store import load_weights
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
-    cfg = DrafterTrainConfig(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, min_lr=args.min_lr,
-                             warmup=args.warmup, confidence_weight=args.confidence_weight,
-                             distill_weight=args.distill_weight, continuation_share=args.continuation_share,
-                             save_every=args.save_every, seed=args.seed)
+    cfg = config_from_args(DrafterTrainConfig, args)
     continuations = None
     if args.continuations:
         from ..training.continuations import load_continuations

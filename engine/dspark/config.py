@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 
+from ..spec.errors import InputError
+from .profile import load_or_profile, table_path
 from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
 
-SCHEDULES = ("all", "threshold", "auto")
+# schedule name -> what it verifies (the CLI's --schedule choices and the app's selector)
+SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
+             "auto": "DSpark Alg. 1: maximise expected tokens/s (profiles this machine once)"}
 
 
 @dataclass(frozen=True)
@@ -23,21 +29,36 @@ class DSparkConfig:
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"DSpark schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise InputError(f"DSpark schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.schedule == "auto" and self.sps is None:
-            raise ValueError("DSpark schedule 'auto' needs a ThroughputTable (engine.dspark.profile.load_or_profile)")
+            raise InputError("DSpark schedule 'auto' needs a ThroughputTable (engine.dspark.profile.load_or_profile)")
         if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"DSpark threshold must lie in [0, 1], got {self.threshold}")
+            raise InputError(f"DSpark threshold must lie in [0, 1], got {self.threshold}")
         t = self.confidence_temperature
         if t is not None and not all(isinstance(x, (int, float)) and x > 0 and math.isfinite(x) for x in t):
-            raise ValueError(f"DSpark confidence_temperature must be positive numbers, one per draft, got {t!r}")
+            raise InputError(f"DSpark confidence_temperature must be positive numbers, one per draft, got {t!r}")
+
+    @classmethod
+    def from_settings(cls, schedule: str, threshold: float = 0.5, model=None,
+                      on_profiled: Callable[[Path], None] | None = None) -> DSparkConfig:
+        """The config a user's settings name. "auto" needs the model: its steps/s table for this machine is
+        loaded, or profiled once and stored (then on_profiled(path) is called)."""
+        sps = None
+        if schedule == "auto":
+            if model is None:
+                raise InputError("DSpark schedule 'auto' needs the model to profile its throughput")
+            fresh = not table_path(model).exists()
+            sps = load_or_profile(model)
+            if fresh and on_profiled is not None:
+                on_profiled(table_path(model))
+        return cls(schedule, threshold=threshold, sps=sps)
 
     def temperature(self, gamma: int) -> torch.Tensor | None:
         """[γ] per-position confidence temperatures, or None."""
         if self.confidence_temperature is None:
             return None
         if len(self.confidence_temperature) != gamma:
-            raise ValueError(f"DSpark confidence_temperature has {len(self.confidence_temperature)} values; the "
+            raise InputError(f"DSpark confidence_temperature has {len(self.confidence_temperature)} values; the "
                              f"drafter proposes {gamma} tokens (dspark_block_size)")
         return torch.tensor(self.confidence_temperature, dtype=torch.float32)
 

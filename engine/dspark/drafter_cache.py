@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..model.draft import main_features
+from ..spec.errors import InputError
 
 
 class DrafterCache:
@@ -15,7 +16,7 @@ class DrafterCache:
     def __init__(self, model, batch_size: int, margin: int):
         args = model.args
         if not args.has_dspark:
-            raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter (dspark_block_size 0)")
+            raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter (dspark_block_size 0)")
         self.window, self.margin = args.window_size, margin
         self.slots = args.window_size + margin
         self.batch_size = batch_size
@@ -28,7 +29,7 @@ class DrafterCache:
     def _rows(self, rows) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
         if rows.numel() and (rows.min() < 0 or rows.max() >= self.batch_size):
-            raise ValueError(f"rows {rows.tolist()} outside the drafter cache's 0..{self.batch_size - 1}")
+            raise InputError(f"rows {rows.tolist()} outside the drafter cache's 0..{self.batch_size - 1}")
         return rows
 
     def append(self, model, taps: torch.Tensor, rows) -> None:
@@ -36,7 +37,7 @@ class DrafterCache:
         rows = self._rows(rows)
         B, S, _ = taps.shape
         if rows.numel() != B:
-            raise ValueError(f"append: {B} rows of taps for {rows.numel()} cache rows")
+            raise InputError(f"append: {B} rows of taps for {rows.numel()} cache rows")
         keep = min(S, self.slots)  # older positions would be overwritten inside this very write
         positions = self.pos[rows].unsqueeze(1) + torch.arange(S - keep, S)   # [B, keep]
         main_x = main_features(model, taps[:, S - keep:])                       # [B, keep, dim]
@@ -55,9 +56,9 @@ class DrafterCache:
         for b, r in enumerate(rows.tolist()):
             t = int(target[b])
             if t < 0 or t > int(self.pos[r]):
-                raise ValueError(f"cannot roll drafter row {r} back to position {t}: it is at {int(self.pos[r])}")
+                raise InputError(f"cannot roll drafter row {r} back to position {t}: it is at {int(self.pos[r])}")
             if t < int(self.high_water[r]) - self.margin:
-                raise ValueError(f"cannot roll drafter row {r} back to position {t}: only the last {self.margin} "
+                raise InputError(f"cannot roll drafter row {r} back to position {t}: only the last {self.margin} "
                                  f"positions below {int(self.high_water[r])} are restorable")
         self.pos[rows] = target
 

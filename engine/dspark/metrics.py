@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..trace.records import DSparkStep
+from ..trace import DSparkStep
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..spec.errors import InputError
 from .schedule import ThroughputTable
 
 CACHE_DIR = Path(".cache")
@@ -40,7 +41,7 @@ def profile_throughput(model, *, max_batch: int | None = None, context: int = 16
     gamma = a.dspark_block_size
     max_batch = max_batch or a.max_batch_size
     if max_batch < 1 or context < 1 or repeats < 1:
-        raise ValueError("profile_throughput needs max_batch, context and repeats >= 1")
+        raise InputError("profile_throughput needs max_batch, context and repeats >= 1")
     batches = sorted({min(2 ** k, max_batch) for k in range(max_batch.bit_length() + 1)})
     g = torch.Generator().manual_seed(0)
     cache = model.new_cache(max_batch, context + gamma + 2)
@@ -52,7 +53,7 @@ def profile_throughput(model, *, max_batch: int | None = None, context: int = 16
             times = []
             for _ in range(repeats + 1):  # the first call warms up
                 t0 = time.perf_counter()
-                model(tokens, cache, rows=torch.arange(rows), logits="all", return_taps=True)
+                model(tokens, cache, rows=torch.arange(rows), logits="all")
                 if model.device.type == "cuda":
                     torch.cuda.synchronize(model.device)
                 times.append(time.perf_counter() - t0)
@@ -79,7 +80,7 @@ def load_table(path: Path | str) -> ThroughputTable:
         return ThroughputTable([int(x) for x in d["batch_tokens"]], [float(x) for x in d["steps_per_second"]],
                                device=str(d.get("device", "")), meta=dict(d.get("meta", {})))
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is not a throughput table ({e}); delete it to profile again") from e
+        raise InputError(f"{path} is not a throughput table ({e}); delete it to profile again") from e
 
 
 def load_or_profile(model, cache_dir: Path | str = CACHE_DIR, **kw) -> ThroughputTable:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..spec.errors import InputError
+
 
 def survival(confidence: torch.Tensor) -> torch.Tensor:
     """Prefix survival a_j = prod_{i<=j} c_i along the last axis; non-increasing since 0 <= c <= 1.  [R, γ]"""
@@ -35,9 +37,9 @@ class ThroughputTable:
 
     def __post_init__(self) -> None:
         if not self.batch_tokens or len(self.batch_tokens) != len(self.steps_per_second):
-            raise ValueError("ThroughputTable needs matching, non-empty batch_tokens and steps_per_second")
+            raise InputError("ThroughputTable needs matching, non-empty batch_tokens and steps_per_second")
         if sorted(self.batch_tokens) != list(self.batch_tokens) or min(self.batch_tokens) < 1:
-            raise ValueError(f"ThroughputTable batch_tokens must be increasing and >= 1: {self.batch_tokens}")
+            raise InputError(f"ThroughputTable batch_tokens must be increasing and >= 1: {self.batch_tokens}")
 
     def __call__(self, tokens: int) -> float:
         """Linear interpolation between profiled points; constant beyond the ends."""

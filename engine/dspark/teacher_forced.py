@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..model.draft import DraftContext, draft_hidden, main_features
 from ..model.norm import upcast
+from ..spec.errors import InputError
 
 
 @dataclass
@@ -18,7 +19,7 @@ class DraftOutputs:
 
 
 def draft_teacher_forced(model, tokens: torch.Tensor, taps: torch.Tensor, anchors: torch.Tensor) -> DraftOutputs:
-    """tokens [T] one sequence; taps [T, n_taps·dim] the target's main_hidden for it (forward(..., return_taps=True));
+    """tokens [T] one sequence; taps [T, n_taps·dim] the target's main_hidden for it (forward(...).taps);
     anchors [N] positions a ≥ 1. For each anchor the drafter sees the target features of positions < a (its
     window) and the block [tokens[a], noise, …] at positions a .. a+γ−1, exactly as during generation when
     tokens[a] is the anchor; the Markov head takes the sequence's own previous token (teacher forcing), which
@@ -28,10 +29,10 @@ def draft_teacher_forced(model, tokens: torch.Tensor, taps: torch.Tensor, anchor
     T = tokens.shape[0]
     anchors = torch.as_tensor(anchors, dtype=torch.long).cpu()
     if anchors.numel() == 0 or anchors.min() < 1 or anchors.max() >= T:
-        raise ValueError(f"anchors must lie in 1..{T - 1} (a position with features before it), got "
+        raise InputError(f"anchors must lie in 1..{T - 1} (a position with features before it), got "
                          f"{anchors.tolist()[:8]}")
     if taps.shape[0] != T:
-        raise ValueError(f"taps has {taps.shape[0]} positions for a sequence of {T} tokens")
+        raise InputError(f"taps has {taps.shape[0]} positions for a sequence of {T} tokens")
     dev = model.device
     N = anchors.numel()
     main_x = main_features(model, taps.unsqueeze(0).to(dev))                 # [1, T, dim]

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..spec.errors import InputError
+
 GREEDY_T = 1e-5  # below this temperature a distribution is the one-hot argmax
 
 
@@ -33,7 +35,7 @@ def verify(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     """
     n = drafts.shape[0]
     if q.shape[0] != n or p.shape[0] != n + 1 or q.shape[-1] != p.shape[-1]:
-        raise ValueError(f"verify: drafts [{n}] need q [{n}, V] and p [{n + 1}, V]; got q {list(q.shape)}, "
+        raise InputError(f"verify: drafts [{n}] need q [{n}, V] and p [{n + 1}, V]; got q {list(q.shape)}, "
                          f"p {list(p.shape)}")
     if n:
         # One uniform draw per draft, taken up front so the random stream does not depend on the outcome.
@@ -58,7 +60,7 @@ def verify_greedy(drafts: torch.Tensor, target_ids: torch.Tensor) -> Verdict:
     drafts [l]; target_ids [l+1] the target's argmax at the same positions plus one more."""
     n = drafts.shape[0]
     if target_ids.shape[0] != n + 1:
-        raise ValueError(f"verify_greedy: drafts [{n}] need target_ids [{n + 1}], got {list(target_ids.shape)}")
+        raise InputError(f"verify_greedy: drafts [{n}] need target_ids [{n + 1}], got {list(target_ids.shape)}")
     differ = (drafts.to(target_ids.device) != target_ids[:n]).nonzero()
     accepted = int(differ[0]) if differ.numel() else n
     return Verdict(accepted=accepted, token=int(target_ids[accepted]), bonus=accepted == n)

@@ -8,16 +8,17 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .generate import EOS_ID, GenerationResult, OnToken, StepInfo, _elapsed, _row_seeds, check_prompts
-from ..model.sampling import SamplingParams, draw, make_generators, probabilities
-from ..trace.records import DSparkStep
-from ..dspark.config import SCHEDULES, DSparkConfig
+from ..dspark.config import DSparkConfig
 from ..dspark.drafter import draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
 from ..dspark.verify import verify, verify_greedy
+from ..model.sampling import SamplingParams, draw, make_generators, probabilities
+from ..spec.errors import InputError
+from ..trace import DSparkStep
+from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
 
-__all__ = ["SCHEDULES", "DSparkConfig", "SpeculativeResult", "generate_speculative"]
+__all__ = ["SpeculativeResult", "generate_speculative"]
 
 
 @dataclass
@@ -42,7 +43,7 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
                          dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
                          token_text: Callable[[int], str] | None = None,
                          verifier: Verifier = verify, cuda_graphs: bool = False) -> SpeculativeResult:
-    """Same contract as engine.generation.generate.generate (row i samples with seed + i; tokens, finish reasons), with
+    """Same contract as engine.generation.plain.generate (row i samples with seed + i; tokens, finish reasons), with
     every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
     emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
 
@@ -56,15 +57,14 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
-        raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
+    check_max_new_tokens(max_new_tokens)
     params = SamplingParams(float(temperature), top_k, float(top_p))
     cfg = dspark or DSparkConfig()
     if cfg.schedule == "auto" and not cfg.early_stop and not params.greedy:
         # the global search may look at a draft's own survival (which depends on the draft's value) before
         # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
-        raise ValueError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
+        raise InputError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
                          "use early_stop=True or greedy decoding")
     run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
                        params, cfg, seed,
@@ -81,12 +81,10 @@ class _Speculation:
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
                  verifier, cuda_graphs=False):
         self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
-        self.params, self.cfg, self.trace, self.on_token, self.verifier = params, cfg, trace, on_token, verifier
+        self.params, self.cfg, self.trace, self.verifier = params, cfg, trace, verifier
         n, self.gamma = len(prompts), model.args.dspark_block_size
         self.temperature = cfg.temperature(self.gamma)
-        self.gens = make_generators(_row_seeds(seed, n), model.device)
-        self.stop = {int(t) for t in stop_tokens}
-        self.text_of = token_text or (lambda t: "")
+        self.gens = make_generators(row_seeds(seed, n), model.device)
         # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
         longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
         # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
@@ -103,29 +101,11 @@ class _Speculation:
         if cuda_graphs:
             from ..graphs import GraphedDrafter
             self.drafter = GraphedDrafter(model, self.rings, scratch_row=n)
-        self.res = SpeculativeResult([[] for _ in prompts], [""] * n, [len(p) for p in prompts])
+        self.res = SpeculativeResult.for_prompts(prompts)
+        self.out = Emitter(self.res, max_new, self.args.max_seq_len, stop_tokens, trace, token_text, on_token)
         self.active: list[int] = []
         self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
         self.n_steps = 0
-
-    def emit(self, row: int, pos: int, token: int, step: int, dt: float, logits: torch.Tensor, prob: float) -> bool:
-        """Append one token; False when the row is finished (a stop token is not appended)."""
-        res = self.res
-        if token in self.stop:
-            res.finish_reasons[row] = "stop"
-            return False
-        res.tokens[row].append(token)
-        if self.trace is not None:
-            self.trace.record_token(row, pos, token, self.text_of(token), step=step, step_time_s=dt, logits=logits)
-        if self.on_token is not None:
-            self.on_token(row, token, StepInfo(step, pos, dt, prob))
-        if len(res.tokens[row]) >= self.max_new:
-            res.finish_reasons[row] = "length"
-        elif pos + 1 >= self.args.max_seq_len:
-            res.finish_reasons[row] = "max_seq_len"
-        else:
-            return True
-        return False
 
     def prefill(self) -> None:
         """Prompts of equal length go together (no padding enters any computation); the taps fill the drafter
@@ -133,15 +113,14 @@ class _Speculation:
         by_len: dict[int, list[int]] = {}
         for row, ids in enumerate(self.prompts):
             by_len.setdefault(len(ids), []).append(row)
-            if self.trace is not None:
-                self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
+            self.out.record_prompt(row, ids)
         model, dev = self.model, self.model.device
         for length, group in by_len.items():
             t0 = time.perf_counter()
             logits, taps = model(torch.tensor([self.prompts[r] for r in group], device=dev), self.cache,
-                                 rows=torch.tensor(group), trace=self.trace, logits="last", return_taps=True)
+                                 rows=torch.tensor(group), trace=self.trace, logits="last")
             self.rings.append(model, taps, group)                             # taps [G, S, n_taps·dim]
-            dt = _elapsed(t0, dev)
+            dt = elapsed(t0, dev)
             self.res.prefill_s += dt
             if self.max_new == 0:
                 for r in group:
@@ -151,7 +130,7 @@ class _Speculation:
             chosen = p.argmax(-1) if self.params.greedy else draw(p, [self.gens[r] for r in group])
             for i, r in enumerate(group):
                 token = int(chosen[i])
-                if self.emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
+                if self.out.emit(r, length, token, 0, dt, logits[i], float(p[i, token])):
                     self.active.append(r)
                     self.anchors[r] = token
         self.active.sort()
@@ -182,7 +161,7 @@ class _Speculation:
         keep = anchor_pos + 1 + torch.tensor([v.accepted for _, v in verdicts])  # committed: anchor + accepted
         self.cache.rollback(keep, rows)
         self.rings.rollback(keep, rows)
-        dt = _elapsed(t0, dev)
+        dt = elapsed(t0, dev)
         self.res.decode_s += dt
         self.res.step_times.append(dt)
         self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
@@ -198,8 +177,7 @@ class _Speculation:
             self.res.graphed_forwards += 1
             return self.decoder.step(block, rows, self.trace, trace_tokens=width)
         block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
-        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
-                          return_taps=True)
+        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all")
 
     def _capped(self, lengths: list[int], anchor_pos: torch.Tensor) -> list[int]:
         """Never verify past a row's token budget or the model's last position: a step emits ℓ + 1 tokens."""
@@ -240,7 +218,7 @@ class _Speculation:
             out = [int(t) for t in d.tokens[i, :v.accepted]] + [v.token]
             for k, tok in enumerate(out):  # target logits at position anchor+k chose the token at anchor+k+1
                 prob = 1.0 if p is None else float(p[k, tok])
-                alive = self.emit(r, int(anchor_pos[i]) + 1 + k, tok, self.n_steps, dt, logits[i, k], prob)
+                alive = self.out.emit(r, int(anchor_pos[i]) + 1 + k, tok, self.n_steps, dt, logits[i, k], prob)
                 if not alive:
                     break
             if alive:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..model.context import ForwardContext
+from ..speedups import sync_free
 from .static_inputs import DecodeInputs
 
 
@@ -11,11 +12,13 @@ def decode_body(model, cache, inputs: DecodeInputs, trace=None) -> None:
     (and taps) into inputs' buffers. No host sync and no shape that depends on a value
     (ForwardContext.static), so the same launches replay for any positions. `trace`: a TraceBuffers that
     copies each record into its static buffer (or None). Host bookkeeping — the Engram history and
-    hashing, cache.pos, room checks — is the caller's, before and after."""
+    hashing, cache.pos, room checks — is the caller's, before and after. The speed paths run sync-free
+    (engine.speedups.sync_free: experts dense or gathered at any batch, Sinkhorn in torch)."""
     ctx = ForwardContext(cache=cache, rows=inputs.rows, start=inputs.positions[:, 0], n_tokens=inputs.n_tokens,
                          positions=inputs.positions, options=model.options, trace=trace, static=True)
     engram = None if inputs.engram_ids is None else (inputs.engram_ids, inputs.compressed)
-    logits, taps = model.run_layers(inputs.tokens, ctx, engram, inputs.logits_mode)  # [bucket, (S,) vocab]
+    with sync_free():
+        logits, taps = model.run_layers(inputs.tokens, ctx, engram, inputs.logits_mode)  # [bucket, (S,) vocab]
     inputs.logits.copy_(logits)
     if inputs.taps is not None:
         inputs.taps.copy_(taps)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from ..model import ForwardOutput
+from ..spec.errors import InputError
+from ..speedups import apply_speedups
 from .buckets import bucket_for
 from .decode_body import decode_body
 from .replay_mode import capture_for, scratch_row_for
@@ -36,21 +39,23 @@ class GraphedDecoder:
     `tokens_per_row` S > 1 makes each step a fixed-width block per row — the shape of a DSpark verify
     forward (anchor + γ drafts) — with logits "all" ([n, S, V]) and, with return_taps, the drafter's
     taps [n, S, n_taps·dim]; the caller rolls the cache back to the accepted prefix as in eager decoding.
+
+    The body needs the sync-free expert paths of engine.speedups: a model built without them gets them here.
     """
 
     def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
                  warmup: int = 2, min_bucket: int = 1, tokens_per_row: int = 1, logits: str = "last",
                  return_taps: bool = False):
-        self.model, self.cache = model, cache
+        self.model, self.cache = apply_speedups(model), cache
         self.scratch_row = scratch_row_for(scratch_row, cache.batch_size, "the cache's")
         self.capture = capture_for(model, capture)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         if tokens_per_row < 1:
-            raise ValueError(f"tokens_per_row must be at least 1, got {tokens_per_row}")
+            raise InputError(f"tokens_per_row must be at least 1, got {tokens_per_row}")
         if model.options.bounded_replay and tokens_per_row > model.args.window_size:
-            raise ValueError("bounded_replay slices blocks longer than the window: use tokens_per_row ≤ window_size")
+            raise InputError("bounded_replay slices blocks longer than the window: use tokens_per_row ≤ window_size")
         if logits not in ("last", "all"):
-            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+            raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         self.tokens_per_row, self.logits_mode, self.return_taps = tokens_per_row, logits, return_taps
         self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
         roles = model.args.roles[: model.args.n_layers]
@@ -65,27 +70,28 @@ class GraphedDecoder:
 
     def step(self, tokens, rows, trace=None, trace_tokens: int | None = None):
         """tokens [n, S] (or [n] when S = 1) next tokens of each sequence, rows [n] their cache rows →
-        logits [n, V] ("last") or [n, S, V] ("all"), fresh tensors; with return_taps (logits, taps). Each
-        row's tokens go at cache.pos onwards, which then advances by S. trace_tokens k ≤ S: hand `trace`
-        only each row's first k tokens' records — what an eager forward of width k records (a DSpark
-        verify whose schedule needs a narrower block than the graph's), so a token budget fills alike."""
+        ForwardOutput: logits [n, V] ("last") or [n, S, V] ("all") and, with return_taps, taps (else None),
+        fresh tensors. Each row's tokens go at cache.pos onwards, which then advances by S. trace_tokens
+        k ≤ S: hand `trace` only each row's first k tokens' records — what an eager forward of width k
+        records (a DSpark verify whose schedule needs a narrower block than the graph's), so a token budget
+        fills alike."""
         if torch.is_grad_enabled():
             raise RuntimeError("GraphedDecoder.step runs under torch.no_grad() or torch.inference_mode()")
         cache, model = self.cache, self.model
         S = self.tokens_per_row
         k = S if trace_tokens is None else int(trace_tokens)
         if not 1 <= k <= S:
-            raise ValueError(f"trace_tokens must be in 1..{S} (the step's tokens per row), got {trace_tokens!r}")
-        tokens = model._check_tokens(torch.as_tensor(tokens).reshape(-1, S)).cpu()   # [n, S]
+            raise InputError(f"trace_tokens must be in 1..{S} (the step's tokens per row), got {trace_tokens!r}")
+        tokens = model.check_tokens(torch.as_tensor(tokens).reshape(-1, S)).cpu()   # [n, S]
         n = tokens.size(0)
         rows = cache.resolve_rows(rows, n)
         if (rows == self.scratch_row).any():
-            raise ValueError(f"cache row {self.scratch_row} is the decoder's scratch row (padding writes "
+            raise InputError(f"cache row {self.scratch_row} is the decoder's scratch row (padding writes "
                              "there): give the sequences other rows, or a cache with one more row")
         cache.check_room(rows, S)
         start = cache.pos[rows].clone()                                               # [n]
         positions = start.unsqueeze(1) + torch.arange(S)                              # [n, S]
-        engram = model._engram_rows(tokens, None, cache, rows, positions)
+        engram = model.engram_rows(tokens, None, cache, rows, positions)
         key = (max(bucket_for(n), self.min_bucket), None if trace is None else
                frozenset(p for p in self.attention_paths if trace.wants_attention(p)))
         st = self._buckets.get(key)
@@ -98,8 +104,8 @@ class GraphedDecoder:
         if trace is not None:
             shown = positions[:, :k]                                                  # [n, k]
             st.sink.emit(trace, rows, shown, n, self._topk_width(shown))
-        logits = st.inputs.logits[:n].clone()
-        return (logits, st.inputs.taps[:n].clone()) if self.return_taps else logits
+        taps = st.inputs.taps[:n].clone() if self.return_taps else None
+        return ForwardOutput(st.inputs.logits[:n].clone(), taps)
 
     def _run(self, st: _Bucket) -> None:
         def body():

@@ -6,6 +6,8 @@ import torch
 from ..dspark.drafter import draft_block_ids, draft_forward, markov_drafts
 from ..model.draft import DraftContext
 from ..model.sampling import SamplingParams
+from ..spec.errors import InputError
+from ..speedups import sync_free
 
 _GREEDY = SamplingParams()
 
@@ -41,9 +43,9 @@ class DraftInputs:
         """anchors [n], start [n] (each anchor's position), rows [n], ring_index [n, window], all CPU int64."""
         n, G = rows.numel(), self.gamma
         if n > self.bucket:
-            raise ValueError(f"a batch of {n} rows does not fit the {self.bucket}-row bucket")
+            raise InputError(f"a batch of {n} rows does not fit the {self.bucket}-row bucket")
         if tuple(ring_index.shape) != (n, self.window):
-            raise ValueError(f"ring_index of shape {tuple(ring_index.shape)}; expected {(n, self.window)}")
+            raise InputError(f"ring_index of shape {tuple(ring_index.shape)}; expected {(n, self.window)}")
         h = self.host
         h[:, 0:G] = draft_block_ids(self.args, torch.zeros(self.bucket, dtype=torch.long))  # padding: [0, noise, …]
         h[:, G:2 * G] = torch.arange(G)
@@ -59,12 +61,14 @@ class DraftInputs:
 def draft_body(model, rings, inputs: DraftInputs, trace=None, greedy: bool = False) -> None:
     """Every draft stage over inputs' rows (ring rows gathered on the device from `rings`, which it only
     reads), writing hidden and base logits; greedy: also the Markov head's argmax drafts and the confidence
-    logits (no host value decides anything there). No host sync, no value-dependent shape."""
+    logits (no host value decides anything there). No host sync, no value-dependent shape (the speed paths
+    under engine.speedups.sync_free)."""
     dev_rows = inputs.rows
     ring_rows = {layer: ring.index_select(0, dev_rows) for layer, ring in rings.rings.items()}  # [bucket, slots, D]
     ctx = DraftContext(rows=dev_rows, positions=inputs.positions, rings=ring_rows, ring_index=inputs.ring_index,
                        quant_sim=model.options.quant_sim, trace=trace, static=True)
-    hidden, base = draft_forward(model, inputs.ids, ctx)                     # [bucket, γ, dim], [bucket, γ, V]
+    with sync_free():
+        hidden, base = draft_forward(model, inputs.ids, ctx)                 # [bucket, γ, dim], [bucket, γ, V]
     inputs.hidden.copy_(hidden)
     inputs.base.copy_(base)
     if greedy:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..dspark.drafter import Draft, markov_drafts
+from ..spec.errors import InputError
+from ..speedups import apply_speedups
 from .buckets import bucket_for
 from .draft_body import DraftInputs, draft_body
 from .replay_mode import capture_for, scratch_row_for
@@ -28,13 +30,14 @@ class GraphedDrafter:
 
     `rings`: the DrafterCache; `scratch_row` (default its last row) is read by a bucket's padding rows and
     must hold no sequence. On CUDA the graph holds the rings' and weights' addresses at capture: build a new
-    GraphedDrafter after replacing either (append/rollback of the rings are fine)."""
+    GraphedDrafter after replacing either (append/rollback of the rings are fine). The body needs the
+    sync-free expert paths of engine.speedups: a model built without them gets them here."""
 
     def __init__(self, model, rings, *, scratch_row: int | None = None, capture: bool | None = None,
                  warmup: int = 2, min_bucket: int = 1):
         if not len(model.mtp):
-            raise ValueError("GraphedDrafter: the model has no DSpark draft stages")
-        self.model, self.rings = model, rings
+            raise InputError("GraphedDrafter: the model has no DSpark draft stages")
+        self.model, self.rings = apply_speedups(model), rings
         self.scratch_row = scratch_row_for(scratch_row, rings.batch_size, "the drafter cache's")
         self.capture = capture_for(model, capture)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
@@ -52,13 +55,13 @@ class GraphedDrafter:
         rows = rings._rows(rows)
         n, G = rows.numel(), model.args.dspark_block_size
         if not n:
-            raise ValueError("a draft step needs at least one row")
+            raise InputError("a draft step needs at least one row")
         if (rows == self.scratch_row).any():
-            raise ValueError(f"drafter row {self.scratch_row} is the scratch row (padding reads there): give the "
+            raise InputError(f"drafter row {self.scratch_row} is the scratch row (padding reads there): give the "
                              "sequences other rows, or a drafter cache with one more row")
         anchors = torch.as_tensor(anchors, dtype=torch.long).cpu().flatten()
         if anchors.numel() != n:
-            raise ValueError(f"{anchors.numel()} anchors for {n} rows")
+            raise InputError(f"{anchors.numel()} anchors for {n} rows")
         start = rings.pos[rows].clone()                                               # [n]
         key = (max(bucket_for(n), self.min_bucket), params.greedy, trace is not None)
         st = self._buckets.get(key)

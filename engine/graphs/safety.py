@@ -4,6 +4,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..spec.errors import InputError
+from ..speedups import prepare_for_inference
+from ..speedups.fast_moe import FastMoE
 from .decode_body import decode_body
 from .static_inputs import DecodeInputs
 from .trace_buffers import TraceBuffers
@@ -14,10 +17,16 @@ class CaptureUnsafeError(RuntimeError):
 
 
 def _meta_model(args, dtype, options):
-    """`args`' Transformer on the meta device: shapes, no values (any Engram token map will do)."""
+    """`args`' Transformer on the meta device, prepared as for inference: shapes, no values (any Engram token
+    map will do). Its MoEs never run densely, so that the proxy proves the gathered expert path: the one a
+    full-size model's static body takes (a small model's dense path is two plain matmuls)."""
     from ..model import Transformer
     token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
-    return Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device="meta", options=options))
+    for module in model.modules():
+        if isinstance(module, FastMoE):
+            module.dense_ok = False
+    return model
 
 
 def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=torch.bfloat16, options=None,
@@ -51,7 +60,7 @@ def check_draft_capture_safe(args, *, batch: int = 2, dtype=torch.bfloat16, opti
     from .draft_body import DraftInputs, draft_body
 
     if not args.has_dspark:
-        raise ValueError(f"config '{args.name or args.model_type}' has no DSpark drafter to check")
+        raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter to check")
     body = draft_body if body is None else body
     model = _meta_model(args, dtype, options)
     rings = DrafterCache(model, batch + 1, margin=args.dspark_block_size + 1)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..spec.errors import InputError
+
 
 class DecodeInputs:
     """Everything a step of `bucket` rows × `n_tokens` tokens feeds the body, packed in one int64 device
@@ -21,7 +23,7 @@ class DecodeInputs:
                  taps: bool = False):
         a, dev = model.args, model.device
         if logits not in ("last", "all"):
-            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+            raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         S = self.n_tokens = n_tokens
         self.bucket, self.scratch_row = bucket, scratch_row
         self.n_hash_layers = len(a.engram_layer_ids) if model.ngram is not None else 0
@@ -42,7 +44,7 @@ class DecodeInputs:
         self.logits = torch.zeros(shape, dtype=out_dtype, device=dev)
         n_taps = len(a.dspark_target_layer_ids) if model.tapped else 0
         if taps and not n_taps:
-            raise ValueError("taps=True: this model has no DSpark target layers to tap")
+            raise InputError("taps=True: this model has no DSpark target layers to tap")
         self.taps = torch.zeros(bucket, S, n_taps * a.dim, dtype=model.dtype, device=dev) if taps else None
 
     def fill(self, tokens: torch.Tensor, start: torch.Tensor, rows: torch.Tensor, engram=None) -> None:
@@ -50,9 +52,9 @@ class DecodeInputs:
         [n, S, L, cols], compressed [n, S]) or None; rows n.. become padding. One copy to the device."""
         n, S = tokens.shape
         if n > self.bucket:
-            raise ValueError(f"a batch of {n} rows does not fit the {self.bucket}-row bucket")
+            raise InputError(f"a batch of {n} rows does not fit the {self.bucket}-row bucket")
         if S != self.n_tokens:
-            raise ValueError(f"{S} tokens per row; these buffers take {self.n_tokens}")
+            raise InputError(f"{S} tokens per row; these buffers take {self.n_tokens}")
         h = self.host
         h.zero_()
         h[:, S:2 * S] = torch.arange(S)                                      # padding rows: positions 0..S−1
@@ -62,10 +64,10 @@ class DecodeInputs:
         h[:n, 2 * S] = rows
         if self.n_hash_layers:
             if engram is None:
-                raise ValueError("this model has Engram layers: the step needs its hashed rows")
+                raise InputError("this model has Engram layers: the step needs its hashed rows")
             ids, comp = engram
             if tuple(ids.shape) != (n, S, self.n_hash_layers, self.n_columns):
-                raise ValueError(f"Engram row ids of shape {tuple(ids.shape)}; expected "
+                raise InputError(f"Engram row ids of shape {tuple(ids.shape)}; expected "
                                  f"{(n, S, self.n_hash_layers, self.n_columns)}")
             h[:n, 2 * S + 1:3 * S + 1] = comp
             h[:n, 3 * S + 1:] = ids.reshape(n, -1)

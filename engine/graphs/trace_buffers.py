@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..spec.errors import InputError
+
 
 class TraceBuffers:
     """Stands in for the Trace inside the decode body. The first (eager) run lays out one buffer per record
@@ -27,7 +29,7 @@ class TraceBuffers:
 
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
         if vision is not None:
-            raise ValueError("static decode has no image tokens: a vision mask reached the trace buffers")
+            raise InputError("static decode has no image tokens: a vision mask reached the trace buffers")
         self._put(("moe", path, ""), (ids, weights, scores))
 
     def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:

@@ -1,1 +1,1 @@
-"""Fused Triton kernels for the engine's hot spots; imported lazily, applied by `apply.apply_kernels`."""
+"""Fused Triton kernels for the engine's hot spots and their launchers; swapped into a model by engine.speedups."""

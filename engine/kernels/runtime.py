@@ -6,10 +6,12 @@ import os
 
 import torch
 
+from ..spec.errors import InputError
+
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class KernelInputError(ValueError):
+class KernelInputError(InputError):
     """A tensor handed to a Triton launcher has the wrong shape, dtype, device or layout."""
 
 

@@ -3,6 +3,6 @@ from .cache import ModelCache
 from .indexer_loss import IndexerLoss
 from .init import init_weights
 from .options import EngineOptions
-from .transformer import Transformer
+from .transformer import ForwardOutput, Transformer
 
-__all__ = ["EngineOptions", "IndexerLoss", "ModelCache", "Transformer", "init_weights"]
+__all__ = ["EngineOptions", "ForwardOutput", "IndexerLoss", "ModelCache", "Transformer", "init_weights"]

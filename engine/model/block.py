@@ -7,7 +7,7 @@ from torch import nn
 from .attention import Attention
 from .context import ForwardContext
 from .engram import Engram
-from .mhc import collapse, expand, hc_mixes, stochastic_error
+from .mhc import collapse, expand, hc_mixes, sinkhorn, stochastic_error
 from .moe import MoE
 from .norm import RMSNorm
 
@@ -17,6 +17,7 @@ class Block(nn.Module):
         super().__init__()
         self.role, self.path = role, role.path
         self.hc, self.iters, self.hc_eps, self.norm_eps = args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps
+        self.sinkhorn = sinkhorn  # the op, swappable for an equivalent one (engine.speedups)
         kw = dict(dtype=dtype, device=device)
         self.attn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
@@ -37,7 +38,7 @@ class Block(nn.Module):
     def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext):
         pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
                                    getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps,
-                                   torch_sinkhorn=ctx.static)
+                                   self.sinkhorn)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             row_err, col_err = stochastic_error(comb)
@@ -53,9 +54,7 @@ class Block(nn.Module):
         x = expand(f, x, a_post, a_comb)
         f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
         xn = self.ffn_norm(collapse(x, a_pre))
-        # static shapes: the gathered expert path at any batch (the sorted one reads counts back to the host)
-        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, gathered=True) if ctx.static else \
-            self.ffn(xn, ctx.image_mask)
+        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)

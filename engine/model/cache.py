@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..spec.errors import InputError
 from .norm import upcast
 
 
@@ -23,9 +24,9 @@ class ModelCache:
     def __init__(self, model, batch_size: int, max_seq_len: int, margin: int):
         args = model.args
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            raise InputError(f"batch_size must be at least 1, got {batch_size}")
         if max_seq_len < 1:
-            raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
+            raise InputError(f"max_seq_len must be at least 1, got {max_seq_len}")
         dev, dt = model.device, model.dtype
         self.args, self.batch_size, self.max_seq_len, self.margin = args, batch_size, max_seq_len, margin
         self.window_size = args.window_size
@@ -57,22 +58,22 @@ class ModelCache:
         """Cache rows for a batch of n sequences (default 0..n−1), validated, as a CPU LongTensor."""
         if rows is None:
             if n > self.batch_size:
-                raise ValueError(f"batch of {n} sequences does not fit a cache of {self.batch_size} rows")
+                raise InputError(f"batch of {n} sequences does not fit a cache of {self.batch_size} rows")
             return torch.arange(n)
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
         if rows.numel() != n:
-            raise ValueError(f"rows names {rows.numel()} cache rows for a batch of {n} sequences")
+            raise InputError(f"rows names {rows.numel()} cache rows for a batch of {n} sequences")
         if rows.numel() and (rows.min() < 0 or rows.max() >= self.batch_size):
-            raise ValueError(f"rows {rows.tolist()} outside the cache's 0..{self.batch_size - 1}")
+            raise InputError(f"rows {rows.tolist()} outside the cache's 0..{self.batch_size - 1}")
         if rows.unique().numel() != rows.numel():
-            raise ValueError(f"rows {rows.tolist()} repeat a cache row")
+            raise InputError(f"rows {rows.tolist()} repeat a cache row")
         return rows
 
     def check_room(self, rows: torch.Tensor, n_tokens: int) -> None:
         end = self.pos[rows] + n_tokens
         if (end > self.max_seq_len).any():
             b = int(end.argmax())
-            raise ValueError(f"sequence in cache row {int(rows[b])} would reach {int(end[b])} tokens, beyond the "
+            raise InputError(f"sequence in cache row {int(rows[b])} would reach {int(end[b])} tokens, beyond the "
                              f"cache limit max_seq_len={self.max_seq_len} (create the cache with a larger max_seq_len)")
 
     def advance(self, rows: torch.Tensor, n_tokens: int) -> None:
@@ -88,9 +89,9 @@ class ModelCache:
         for b, r in enumerate(rows.tolist()):
             t = int(target[b])
             if t < 0 or t > int(cur[b]):
-                raise ValueError(f"cannot roll cache row {r} back to position {t}: it is at {int(cur[b])}")
+                raise InputError(f"cannot roll cache row {r} back to position {t}: it is at {int(cur[b])}")
             if t < int(hw[b]) - self.margin:
-                raise ValueError(f"cannot roll cache row {r} back to position {t}: only the last {self.margin} "
+                raise InputError(f"cannot roll cache row {r} back to position {t}: only the last {self.margin} "
                                  f"positions (rollback_margin) below {int(hw[b])} are kept restorable")
         for b, r in enumerate(rows.tolist()):
             t, top = int(target[b]), int(hw[b])

@@ -26,8 +26,8 @@ class ForwardContext:
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
     indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
     # Static shapes (CUDA-graph decode, engine/graphs): rows and start live on the model's device, no layer
-    # reads a value back to the host, and widths are the cache's full capacity (masked) instead of the
-    # current position's. Off = the eager path, unchanged.
+    # reads a value back to the host to size a tensor, and widths are the cache's full capacity (masked)
+    # instead of the current position's. Off = the eager path, unchanged.
     static: bool = False
 
     def cached(self, key, make):

@@ -4,42 +4,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..spec import engram_layout
+from ..text.engram_hash import DEAD, NgramHash
 from .linear import Linear
 from .norm import upcast
 
-DEAD = -1
+__all__ = ["DEAD", "Engram", "NgramRows"]
 
 
 class NgramRows:
-    """Hash of §4.4.3 for all Engram layers over the cache's per-row history of compressed ids. Runs on
-    the CPU in int64 (the history lives there); equals engine.text.engram_hash.NgramHasher (tested)."""
+    """Hash of §4.4.3 for all Engram layers over the cache's per-row history of compressed ids: the torch
+    face of engine.text.engram_hash.NgramHash. Runs on the CPU in int64 (the history lives there)."""
 
     def __init__(self, args):
-        self.max_n = args.engram_max_ngram_size
-        self.n_heads = args.engram_n_heads
-        # [L, max_n] multipliers, [L, cols] primes and offsets; column order: n-gram size major, head minor
-        self.mult = torch.tensor(engram_layout.multipliers(args), dtype=torch.long)
-        self.primes = torch.tensor(engram_layout.table_sizes(args), dtype=torch.long)
-        self.offsets = torch.tensor(engram_layout.offsets(args), dtype=torch.long)
+        self.hash = NgramHash(args)
 
     def __call__(self, history: torch.Tensor, positions: torch.Tensor, pad: int) -> torch.Tensor:
         """history [B, T] (already holding this call's ids), positions [B, S] → row ids [B, S, L, cols]."""
-        blocked = torch.zeros(positions.shape, dtype=torch.bool)
-        mult = self.mult
-        acc = None
-        out = []
-        for s in range(self.max_n):
-            src_pos = positions - s
-            src = history.gather(1, src_pos.clamp_min(0))
-            blocked = blocked | (src_pos < 0) | (src == DEAD)               # once blocked, longer n-grams stay blocked
-            tok = torch.where(blocked, pad, src)                             # [B, S]
-            term = tok.unsqueeze(-1) * mult[:, s]                            # [B, S, L]; < 2^63 by construction
-            acc = term if acc is None else acc ^ term
-            if s >= 1:                                                       # an (s+1)-gram
-                out.append(acc.unsqueeze(-1).expand(*acc.shape, self.n_heads))
-        h = torch.cat(out, -1)                                               # [B, S, L, cols]
-        return h % self.primes + self.offsets
+        return torch.from_numpy(self.hash(history.numpy(), positions.numpy(), pad))
 
 
 class Engram(nn.Module):

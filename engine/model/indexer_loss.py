@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..spec.errors import InputError
 from .norm import upcast
 
 
@@ -27,7 +28,7 @@ class IndexerLoss:
         scores [B, S, W] indexer scores, visible [B, S] number of compressed rows each query may use."""
         width = compressed.size(1)
         if scores.size(-1) != width:
-            raise ValueError(f"IndexerLoss: layer {layer} scores cover {scores.size(-1)} compressed rows, the "
+            raise InputError(f"IndexerLoss: layer {layer} scores cover {scores.size(-1)} compressed rows, the "
                              f"attention reads {width}")
         seen = torch.arange(width, device=scores.device) < visible.unsqueeze(-1)      # [B, S, W]
         live = visible > 0                                                             # [B, S]

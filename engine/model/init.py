@@ -6,6 +6,8 @@ import zlib
 
 import torch
 
+from ..spec.errors import InputError
+
 ONES = ("norm.weight", "q_weight", "k_weight")
 ZEROS = ("attn_sink", "gate.bias", "gate.bias_vl")
 # projections that write into the residual: shrunk by 1/sqrt(2·n_layers) so the sum over depth stays O(1)
@@ -47,4 +49,4 @@ def _value(name: str, shape: tuple, a, depth: float, gen: torch.Generator) -> to
     if len(shape) == 2:                                # Linear [out, in]
         std = 1.0 / math.sqrt(shape[1])
         return normal(std * depth if name.endswith(RESIDUAL_OUT) else std)
-    raise ValueError(f"init_weights: no rule for parameter {name} of shape {shape}")
+    raise InputError(f"init_weights: no rule for parameter {name} of shape {shape}")

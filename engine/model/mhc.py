@@ -1,6 +1,8 @@
 """mHC (spec §4.2): mixes from the flattened streams, Sinkhorn in fp32, collapse and expand."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -10,14 +12,6 @@ from .norm import upcast
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """[..., hc, hc] logits C[a][b] → doubly stochastic matrix, the reference's exact op order:
     row softmax + eps, column normalise, then (iters − 1) × (row, column) normalisations."""
-    if logits.is_meta:  # no values on the meta device: skip the ~80 shape-only ops
-        return torch.empty_like(logits)
-    if logits.device.type == "cpu" and not logits.requires_grad:
-        return torch.from_numpy(sinkhorn_numpy(logits.numpy(), iters, eps))
-    return sinkhorn_torch(logits, iters, eps)
-
-
-def sinkhorn_torch(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     c = torch.exp(logits - logits.amax(-1, keepdim=True))
     c = c / c.sum(-1, keepdim=True) + eps
     c = c / (c.sum(-2, keepdim=True) + eps)
@@ -27,26 +21,11 @@ def sinkhorn_torch(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor
     return c
 
 
-def sinkhorn_numpy(logits, iters: int, eps: float):
-    """The same arithmetic in numpy: on CPU its per-op overhead is ~3x lower than torch's, and the 80
-    tiny sequential ops of a 20-iteration Sinkhorn are a fifth of a tiny model's decode step."""
-    import numpy as np
-
-    e = logits.dtype.type(eps)
-    c = np.exp(logits - logits.max(-1, keepdims=True))
-    c = c / c.sum(-1, keepdims=True) + e
-    c = c / (c.sum(-2, keepdims=True) + e)
-    for _ in range(iters - 1):
-        c /= c.sum(-1, keepdims=True) + e
-        c /= c.sum(-2, keepdims=True) + e
-    return c
-
-
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
              iters: int, hc_eps: float, norm_eps: float,
-             torch_sinkhorn: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             sinkhorn: Callable = sinkhorn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [B, S, hc, D] → pre [B,S,hc], post [B,S,hc], comb [B,S,hc,hc] (all fp32 or float64).
-    torch_sinkhorn: always the torch Sinkhorn (static-shape decode: no numpy, capturable, meta-checkable)."""
+    sinkhorn: the projection onto doubly stochastic matrices (default the reference above)."""
     hc = x.size(2)
     xf = upcast(x.flatten(2))  # [B, S, hc·D]
     # one RMS statistic per token over the whole flattened width
@@ -55,7 +34,7 @@ def hc_mixes(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch
     pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + hc_eps
     post = 2 * torch.sigmoid(mixes[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
     logits = (mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]).unflatten(-1, (hc, hc))  # [B, S, a, b]
-    comb = sinkhorn_torch(logits, iters, hc_eps) if torch_sinkhorn else sinkhorn(logits, iters, hc_eps)
+    comb = sinkhorn(logits, iters, hc_eps)
     return pre, post, comb
 
 

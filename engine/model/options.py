@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec.errors import InputError
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -20,19 +22,20 @@ class EngineOptions:
     rollback_margin: int | None = None
     # Queries processed per block inside sparse attention (bounds the gathered-KV memory in prefill).
     attn_query_block: int = 256
-    # "triton": fused Triton kernels for the mHC seams, router, routed experts and Engram, swapped in by
-    # engine.kernels.apply.apply_kernels(model) (CUDA, or CPU under TRITON_INTERPRET=1). "torch" = reference.
+    # Which speed transform engine.speedups.prepare_for_inference(model) applies: "triton" swaps in fused Triton
+    # kernels for the mHC seams, router, routed experts and Engram (CUDA, or CPU under TRITON_INTERPRET=1);
+    # "torch" the PyTorch speed paths. The model itself always runs the reference code it is built with.
     kernels: str = "torch"
 
     def __post_init__(self):
         if self.kernels not in ("torch", "triton"):
-            raise ValueError(f"EngineOptions.kernels must be 'torch' or 'triton', got {self.kernels!r}")
+            raise InputError(f"EngineOptions.kernels must be 'torch' or 'triton', got {self.kernels!r}")
 
     def margin_for(self, dspark_block_size: int) -> int:
         need = max(2 * (dspark_block_size + 1), 8)
         if self.rollback_margin is None:
             return need
         if self.rollback_margin < 2 * (dspark_block_size + 1):
-            raise ValueError(f"EngineOptions.rollback_margin={self.rollback_margin} is too small: draft "
+            raise InputError(f"EngineOptions.rollback_margin={self.rollback_margin} is too small: draft "
                              f"verification needs at least 2*(dspark_block_size+1) = {2 * (dspark_block_size + 1)}")
         return self.rollback_margin

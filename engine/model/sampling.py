@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..spec.errors import InputError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -14,11 +16,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):  # also refuses NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+            raise InputError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
         if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must lie in (0, 1] (1 = off), got {self.top_p}")
+            raise InputError(f"top_p must lie in (0, 1] (1 = off), got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
@@ -70,11 +72,11 @@ def make_generators(seeds: list[int | None], device: torch.device | str) -> list
 def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token id per row [B] (int64) from logits [B, V]."""
     if logits.dim() != 2:
-        raise ValueError(f"sample: logits must be [B, V], got shape {tuple(logits.shape)}")
+        raise InputError(f"sample: logits must be [B, V], got shape {tuple(logits.shape)}")
     if params.greedy:
         return logits.argmax(-1)
     if len(generators) != logits.shape[0]:
-        raise ValueError(f"sample: {logits.shape[0]} rows but {len(generators)} generators")
+        raise InputError(f"sample: {logits.shape[0]} rows but {len(generators)} generators")
     return draw(probabilities(logits, params), generators)
 
 

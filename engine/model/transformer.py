@@ -1,12 +1,15 @@
 """Transformer (spec §4.1): embed → hc streams → Engram + blocks → collapse with the last pre → norm → head."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..spec.config import ConfigError, ModelArgs
+from ..spec.errors import InputError
 from .block import Block
 from .cache import ModelCache
 from .context import ForwardContext
@@ -17,6 +20,13 @@ from .mhc import collapse
 from .moe import MoE
 from .norm import RMSNorm
 from .options import EngineOptions
+
+
+class ForwardOutput(NamedTuple):
+    """What a forward returns: logits [B, V] or [B, S, V] (fp32; float64 for a float64 model) and taps
+    [B, S, n_taps·dim], the DSpark drafter's features (None for a model without DSpark target layers)."""
+    logits: torch.Tensor
+    taps: torch.Tensor | None
 
 
 class Transformer(nn.Module):
@@ -42,9 +52,6 @@ class Transformer(nn.Module):
         if token_map is not None:
             self.set_token_map(token_map)
         self._set_act_quant()
-        if self.options.kernels != "torch":  # a speed transform over the same parameters (engine/kernels)
-            from ..kernels.apply import apply_kernels
-            apply_kernels(self)
 
     # ---- setup ------------------------------------------------------------------------------------
     @property
@@ -59,13 +66,13 @@ class Transformer(nn.Module):
         """The Engram compressed-token map (spec §4.4.1): int array, one compressed id per token id."""
         a = np.asarray(token_map)
         if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"token_map must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
+            raise InputError(f"token_map must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
         if a.shape[0] < self.args.vocab_size:
-            raise ValueError(f"token_map has {a.shape[0]} entries; it needs one per token id (vocab_size "
+            raise InputError(f"token_map has {a.shape[0]} entries; it needs one per token id (vocab_size "
                              f"{self.args.vocab_size})")
         limit = self.args.engram_compressed_vocab_size
         if a.size and (a.min() < 0 or a.max() >= limit):
-            raise ValueError(f"token_map values must lie in 0..{limit - 1} (engram_compressed_vocab_size), "
+            raise InputError(f"token_map values must lie in 0..{limit - 1} (engram_compressed_vocab_size), "
                              f"found {a.min()}..{a.max()}")
         self.token_map = torch.from_numpy(a.astype(np.int64))
 
@@ -87,23 +94,24 @@ class Transformer(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows=None, trace=None,
-                logits: str = "last", image_mask: torch.Tensor | None = None, return_taps: bool = False,
-                indexer_loss=None):
-        """tokens [B, S] → logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a float64 model).
+                logits: str = "last", image_mask: torch.Tensor | None = None,
+                indexer_loss=None) -> ForwardOutput:
+        """tokens [B, S] → ForwardOutput: logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a
+        float64 model), and taps, main_hidden [B, S, n_taps·dim] (mean over streams of the residual entering
+        each DSpark target layer; None without DSpark).
 
         Row b occupies positions cache.pos[rows[b]] .. + S − 1 and the cache advances by S. cache=None runs
-        a stateless forward from position 0. With return_taps, also returns main_hidden [B, S, n_taps·dim]
-        (mean over streams of the residual entering each DSpark target layer). With bounded_replay and
-        S > window, "all" logits and taps cover only the last window positions. indexer_loss: an
-        IndexerLoss that collects the indexer's auxiliary loss (training; the outputs do not change).
+        a stateless forward from position 0. With bounded_replay and S > window, "all" logits and taps
+        cover only the last window positions. indexer_loss: an IndexerLoss that collects the indexer's
+        auxiliary loss (training; the outputs do not change).
         """
-        tokens = self._check_tokens(tokens)
+        tokens = self.check_tokens(tokens)
         if logits not in ("last", "all"):
-            raise ValueError(f"logits must be 'last' or 'all', got {logits!r}")
+            raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         B, S = tokens.shape
         if cache is None:
             if rows is not None:
-                raise ValueError("rows= needs a cache")
+                raise InputError("rows= needs a cache")
             cache = self.new_cache(B, S)
         row_ids = cache.resolve_rows(rows, B)
         cache.check_room(row_ids, S)
@@ -112,23 +120,22 @@ class Transformer(nn.Module):
         if image_mask is not None:
             image_mask = torch.as_tensor(image_mask, dtype=torch.bool)
             if image_mask.shape != tokens.shape:
-                raise ValueError(f"image_mask shape {tuple(image_mask.shape)} must equal tokens shape {(B, S)}")
+                raise InputError(f"image_mask shape {tuple(image_mask.shape)} must equal tokens shape {(B, S)}")
         dev = self.device
         ctx = ForwardContext(cache=cache, rows=row_ids, start=start, n_tokens=S, positions=positions.to(dev),
                              options=self.options, image_mask=None if image_mask is None else image_mask.to(dev),
                              trace=trace, indexer_loss=indexer_loss)
-        engram = self._engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
-        out, taps = self.run_layers(tokens.to(dev), ctx, engram, logits)
+        engram = self.engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
+        out = self.run_layers(tokens.to(dev), ctx, engram, logits)
         cache.advance(row_ids, S)
-        if return_taps:
-            return out, taps
         return out
 
-    def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext, engram, logits: str = "last"):
+    def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext, engram, logits: str = "last") -> ForwardOutput:
         """The device part of forward: tokens [B, S] on the model's device, a prepared context and the
-        hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → (logits, taps or None).
+        hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → ForwardOutput.
         Reads and writes ctx.cache's tensors in place; touches none of the host bookkeeping (pos, history).
-        With ctx.static it is free of host syncs and data-dependent shapes (the CUDA-graph decode body)."""
+        With ctx.static no width depends on a value (the CUDA-graph decode body, engine.graphs, which also
+        runs the MoE and Sinkhorn under engine.speedups.sync_free so that nothing reads back to the host)."""
         a, dev = self.args, self.device
         B, S = tokens.shape
         h = self.embed(tokens)                                                 # [B, S, dim]
@@ -154,27 +161,27 @@ class Transformer(nn.Module):
             x = x[:, -1]
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         out = F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
-        return out, (torch.cat(taps, -1) if taps else None)
+        return ForwardOutput(out, torch.cat(taps, -1) if taps else None)
 
-    def _check_tokens(self, tokens) -> torch.Tensor:
+    def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2:
-            raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+            raise InputError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
         if tokens.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+            raise InputError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.size(1) == 0:
-            raise ValueError("tokens is empty: need at least one token per row")
-        if not tokens.is_meta and (tokens.min() < 0 or tokens.max() >= self.args.vocab_size):
-            raise ValueError(f"token ids must lie in 0..{self.args.vocab_size - 1}, found "
+            raise InputError("tokens is empty: need at least one token per row")
+        if tokens.min() < 0 or tokens.max() >= self.args.vocab_size:
+            raise InputError(f"token ids must lie in 0..{self.args.vocab_size - 1}, found "
                              f"{int(tokens.min())}..{int(tokens.max())}")
         return tokens.long()
 
-    def _engram_rows(self, tokens, image_mask, cache, rows, positions):
+    def engram_rows(self, tokens, image_mask, cache, rows, positions):
         """Record this call's compressed ids in the rows' history and hash every Engram column."""
         if self.ngram is None:
             return None
         if self.token_map is None:
-            raise ValueError("this model has Engram layers: pass token_map (engine.text.engram_map) to Transformer(...) "
+            raise InputError("this model has Engram layers: pass token_map (engine.text.engram_map) to Transformer(...) "
                              "or call model.set_token_map(...) before running it")
         comp = self.token_map[tokens]                                          # [B, S]
         if image_mask is not None:

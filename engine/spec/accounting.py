@@ -7,6 +7,7 @@ from functools import lru_cache
 from math import ceil
 from typing import TYPE_CHECKING
 
+from .errors import InputError
 from .inventory import DRAFT_NOTE, VISION_NOTE, TensorSpec, inventory_tuple
 
 if TYPE_CHECKING:
@@ -196,12 +197,6 @@ def account(args: "ModelArgs") -> Accounting:
     return acc if acc.model == args.name else replace(acc, model=args.name)
 
 
-def published_figures(args: "ModelArgs"):
-    """Published-vs-exact rows; see engine.spec.published_figures (re-exported here for the diagram page)."""
-    from .published_figures import published_figures as rows
-    return rows(args)
-
-
 @lru_cache(maxsize=8)
 def _account(args: "ModelArgs") -> Accounting:
     a = args
@@ -287,7 +282,7 @@ def _replay_boundary(a: "ModelArgs") -> int:
 def module_params(args: "ModelArgs", prefix: str) -> tuple[int, int]:
     """(params, bytes) of tensors named `prefix.*`; an mHC site 'layers.3.hc_attn' finds its `_fn/_base/_scale`."""
     if not prefix:
-        raise ValueError("module_params needs a non-empty prefix such as 'layers.3.attn'")
+        raise InputError("module_params needs a non-empty prefix such as 'layers.3.attn'")
     # Only mHC parameters hang off a name with "_" (layers.3.hc_attn_fn); elsewhere "_" would also match
     # siblings such as layers.3.attn_norm for layers.3.attn.
     dotted = prefix + "."

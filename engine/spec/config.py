@@ -9,8 +9,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .validation import validate
+from .engram_layout import EngramLayout
 from .errors import ConfigError
+from .validation import validate
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,12 @@ class ModelArgs:
     def engram_n_columns(self) -> int:
         """Hashed rows gathered per token per Engram layer: (max n-gram − 1) × heads."""
         return (self.engram_max_ngram_size - 1) * self.engram_n_heads
+
+    @property
+    def engram_layout(self) -> EngramLayout:
+        """The Engram hash tables' primes, offsets and multipliers (spec §4.4.2)."""
+        return EngramLayout(self.engram_layer_ids, self.engram_vocab_size, self.engram_max_ngram_size,
+                            self.engram_n_heads, self.engram_compressed_vocab_size)
 
     @cached_property
     def roles(self):

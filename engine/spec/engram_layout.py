@@ -1,11 +1,8 @@
 """Engram hash layout (spec §4.4.2): per-layer multipliers, table primes and row offsets (torch-free)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .config import ModelArgs
 
 INT64_MAX = 2**63 - 1
 
@@ -34,6 +31,46 @@ def is_prime(n: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class EngramLayout:
+    """The hash tables of a config's Engram layers, from plain ints (ModelArgs.engram_layout builds one)."""
+    layer_ids: tuple[int, ...]
+    vocab_size: int                 # engram_vocab_size: every prime search starts above it
+    max_ngram: int                  # engram_max_ngram_size
+    n_heads: int                    # engram_n_heads
+    compressed_vocab_size: int      # engram_compressed_vocab_size: bounds the multipliers
+
+    def primes(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """primes[layer_index][n - 2][head]: the hash table size of each (layer, n-gram size, head)."""
+        return _primes(self.layer_ids, self.vocab_size, self.max_ngram, self.n_heads)
+
+    def table_sizes(self) -> list[list[int]]:
+        """Per Engram layer, the (max_ngram-1)·heads table sizes in column order (n major, head minor)."""
+        return [[p for per_n in layer for p in per_n] for layer in self.primes()]
+
+    def offsets(self) -> list[list[int]]:
+        """Per Engram layer, the first row of each column's table inside that layer's own embedding."""
+        out = []
+        for sizes in self.table_sizes():
+            starts, total = [], 0
+            for s in sizes:
+                starts.append(total)
+                total += s
+            out.append(starts)
+        return out
+
+    def multipliers(self) -> list[list[int]]:
+        """Per Engram layer, one odd multiplier per look-back 0..max_ngram-1, seeded by 10007·layer_id."""
+        import numpy as np
+
+        bound = (INT64_MAX // self.compressed_vocab_size) // 2
+        out = []
+        for layer in self.layer_ids:
+            v = np.random.default_rng(10007 * layer).integers(0, bound, size=self.max_ngram, dtype=np.int64)
+            out.append([int(2 * x + 1) for x in v])
+        return out
+
+
 @lru_cache(maxsize=32)
 def _primes(layer_ids: tuple[int, ...], vocab_size: int, max_ngram: int, n_heads: int) -> tuple:
     used: set[int] = set()
@@ -51,37 +88,3 @@ def _primes(layer_ids: tuple[int, ...], vocab_size: int, max_ngram: int, n_heads
             per_n.append(tuple(heads))
         per_layer.append(tuple(per_n))
     return tuple(per_layer)
-
-
-def primes(args: "ModelArgs") -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """primes[layer_index][n - 2][head]: the hash table size of each (layer, n-gram size, head)."""
-    return _primes(args.engram_layer_ids, args.engram_vocab_size, args.engram_max_ngram_size, args.engram_n_heads)
-
-
-def table_sizes(args: "ModelArgs") -> list[list[int]]:
-    """Per Engram layer, the 24 (= (max_ngram-1)·heads) table sizes in column order (n major, head minor)."""
-    return [[p for per_n in layer for p in per_n] for layer in primes(args)]
-
-
-def offsets(args: "ModelArgs") -> list[list[int]]:
-    """Per Engram layer, the first row of each column's table inside that layer's own embedding."""
-    out = []
-    for sizes in table_sizes(args):
-        starts, total = [], 0
-        for s in sizes:
-            starts.append(total)
-            total += s
-        out.append(starts)
-    return out
-
-
-def multipliers(args: "ModelArgs") -> list[list[int]]:
-    """Per Engram layer, one odd multiplier per look-back 0..max_ngram-1, seeded by 10007·layer_id."""
-    import numpy as np
-
-    bound = (INT64_MAX // args.engram_compressed_vocab_size) // 2
-    out = []
-    for layer in args.engram_layer_ids:
-        v = np.random.default_rng(10007 * layer).integers(0, bound, size=args.engram_max_ngram_size, dtype=np.int64)
-        out.append([int(2 * x + 1) for x in v])
-    return out

@@ -5,12 +5,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InputError
+
 
 def _check(n_experts: int, top_k: int, batch: int) -> None:
     if n_experts <= 0 or not 0 < top_k <= n_experts:
-        raise ValueError(f"need 0 < top_k <= n_experts, got top_k={top_k}, n_experts={n_experts}")
+        raise InputError(f"need 0 < top_k <= n_experts, got top_k={top_k}, n_experts={n_experts}")
     if batch < 0:
-        raise ValueError(f"batch size must be non-negative, got {batch}")
+        raise InputError(f"batch size must be non-negative, got {batch}")
 
 
 def expected_touched(n_experts: int, top_k: int, batch: int) -> float:
@@ -32,7 +34,7 @@ def simulate_touched(n_experts: int, top_k: int, batch: int, trials: int = 200, 
     """Draw k distinct experts per token for B tokens, count distinct experts, average over batches."""
     _check(n_experts, top_k, batch)
     if trials < 2:
-        raise ValueError(f"need at least 2 trials for a standard error, got {trials}")
+        raise InputError(f"need at least 2 trials for a standard error, got {trials}")
     rng = np.random.default_rng(seed)
     counts = np.empty(trials)
     for i in range(trials):

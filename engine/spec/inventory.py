@@ -15,6 +15,8 @@ from functools import lru_cache
 from math import ceil, prod
 from typing import TYPE_CHECKING
 
+from .errors import InputError
+
 if TYPE_CHECKING:
     from .config import ModelArgs
 
@@ -73,7 +75,7 @@ class _Builder:
             self.raw(f"{prefix}.scale", (ceil(out / b0), ceil(inp / b1)), "F8_E8M0", 0)
         elif fmt == "fp4":
             if inp % 2:
-                raise ValueError(f"{prefix}: FP4 storage packs two values per byte and needs an even input "
+                raise InputError(f"{prefix}: FP4 storage packs two values per byte and needs an even input "
                                  f"width, got {inp}")
             # two e2m1 values per byte along the input dimension; one scale per 32 inputs
             self.raw(f"{prefix}.weight", (out, inp // 2), "I8", out * inp)

@@ -81,8 +81,7 @@ def validate(a: "ModelArgs") -> None:
         for key in ("engram_vocab_size", "engram_n_heads", "engram_head_dim", "engram_compressed_vocab_size"):
             need(getattr(a, key) > 0, key, f"must be positive when Engram layers exist, got {getattr(a, key)}")
         need(a.engram_max_ngram_size >= 2, "engram_max_ngram_size", f"must be at least 2, got {a.engram_max_ngram_size}")
-        from .engram_layout import table_sizes  # torch-free; checks the row counts against the primes
-        for layer, expected, sizes in zip(a.engram_layer_ids, a.engram_num_embeddings, table_sizes(a)):
+        for layer, expected, sizes in zip(a.engram_layer_ids, a.engram_num_embeddings, a.engram_layout.table_sizes()):
             need(sum(sizes) == expected, "engram_num_embeddings",
                  f"gives {expected} rows for layer {layer}, but its hash primes sum to {sum(sizes)}")
     if a.has_dspark:

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ..spec.errors import InputError
 from .tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from ..spec.config import ModelArgs
+    from .vocab import IdMap
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache"
 REPLACEMENT_CHAR = "\ufffd"
@@ -54,7 +56,7 @@ def token_keys(tokenizer: Tokenizer, normalize: Callable[[str], str] | None = No
     backend = tokenizer.backend
     texts = decoded_vocabulary(tokenizer) if texts is None else texts
     if len(texts) != tokenizer.full_vocab_size:
-        raise ValueError(f"texts has {len(texts)} entries for {tokenizer.full_vocab_size} token ids")
+        raise InputError(f"texts has {len(texts)} entries for {tokenizer.full_vocab_size} token ids")
     keys = []
     for token_id, text in enumerate(texts):
         if raw_for_partial_bytes and REPLACEMENT_CHAR in text:
@@ -123,13 +125,24 @@ def lookup(args: "ModelArgs", tokenizer: Tokenizer | None = None, cache_dir: str
     token_map = load_token_map(tokenizer, cache_dir)
     distinct = int(token_map.max()) + 1
     if distinct != args.engram_compressed_vocab_size:
-        raise ValueError(f"the tokenizer compresses to {distinct} Engram ids but the config's "
+        raise InputError(f"the tokenizer compresses to {distinct} Engram ids but the config's "
                          f"engram_compressed_vocab_size is {args.engram_compressed_vocab_size}; "
                          f"the checkpoint was built for a different tokenizer or compression rule")
     if len(token_map) != args.vocab_size:
-        raise ValueError(f"the token map covers {len(token_map)} tokenizer ids but the config's vocab_size is "
+        raise InputError(f"the token map covers {len(token_map)} tokenizer ids but the config's vocab_size is "
                          f"{args.vocab_size}")
     return token_map
+
+
+def model_token_map(args: "ModelArgs", tokenizer: Tokenizer, id_map: "IdMap | None" = None) -> np.ndarray | None:
+    """The token map in the model's ids: None for a model without Engram; with a reduced vocabulary (id_map),
+    the full tokenizer's compression, checked on the full map, restricted to the model's ids."""
+    if not args.has_engram:
+        return None
+    if id_map is None:
+        return lookup(args, tokenizer)
+    full = lookup(args.replace(vocab_size=id_map.tokenizer.full_vocab_size), id_map.tokenizer)
+    return id_map.engram_token_map(full)
 
 
 _MEMORY: dict[Path, np.ndarray] = {}

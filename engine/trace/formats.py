@@ -1,4 +1,4 @@
-"""Save and load a Trace as JSON, a zip of Parquet tables, or safetensors; the file suffix picks the format."""
+"""Trace tables as files: JSON, a zip of Parquet tables, or safetensors; the file suffix picks the format."""
 from __future__ import annotations
 
 import io
@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .trace import Trace
-from .tables import FORMAT, TABLES, TraceFormatError, build_tables, restore_trace
+from ..spec.errors import InputError, MissingFileError
+from .tables import FORMAT, TABLES, TraceFormatError
 
 SUFFIXES = {".json": "json", ".parquet.zip": "parquet", ".zip": "parquet", ".safetensors": "safetensors"}
 HEADER_NAME = "trace.json"   # inside the Parquet zip
@@ -22,13 +22,14 @@ def trace_format(path: str | Path) -> str:
     for suffix, fmt in SUFFIXES.items():
         if name.endswith(suffix):
             return fmt
-    raise ValueError(f"{path}: unknown trace format; use a name ending in .json, .parquet.zip or .safetensors")
+    raise InputError(f"{path}: unknown trace format; use a name ending in .json, .parquet.zip or .safetensors")
 
 
-def save_trace(trace: Trace, path: str | Path, fmt: str | None = None) -> Path:
+def write_tables(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any], path: str | Path,
+                 fmt: str | None = None) -> Path:
+    """Write build_tables output to `path` in `fmt` (default: from the suffix)."""
     path = Path(path)
     fmt = fmt or trace_format(path)
-    tables, header = build_tables(trace)
     if fmt == "json":
         body = {"header": header, "tables": {n: {c: v.tolist() for c, v in t.items()} for n, t in tables.items()}}
         path.write_text(json.dumps(body, ensure_ascii=False, allow_nan=True), encoding="utf-8")
@@ -37,24 +38,23 @@ def save_trace(trace: Trace, path: str | Path, fmt: str | None = None) -> Path:
     elif fmt == "safetensors":
         _save_safetensors(tables, header, path)
     else:
-        raise ValueError(f"unknown trace format {fmt!r}; choose json, parquet or safetensors")
+        raise InputError(f"unknown trace format {fmt!r}; choose json, parquet or safetensors")
     return path
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read a trace written by save_trace; a corrupt or foreign file raises TraceFormatError (never pickle)."""
+def read_tables(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    """(tables, header) from a file written by write_tables; a corrupt or foreign file raises
+    TraceFormatError naming the file (never pickle)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such trace file")
+        raise MissingFileError(f"{path}: no such trace file")
     fmt = trace_format(path)
     try:
         if fmt == "json":
-            tables, header = _load_json(path)
-        elif fmt == "parquet":
-            tables, header = _load_parquet(path)
-        else:
-            tables, header = _load_safetensors(path)
-        return restore_trace(tables, header)
+            return _load_json(path)
+        if fmt == "parquet":
+            return _load_parquet(path)
+        return _load_safetensors(path)
     except TraceFormatError as e:
         raise TraceFormatError(f"{path}: {e}") from None
 

@@ -1,4 +1,4 @@
-"""The Trace's value types: its budget, token and DSpark-step records, and path helpers (numpy only)."""
+"""The Trace's value types: fact fields, its budget, token and DSpark-step records, and path helpers (numpy only)."""
 from __future__ import annotations
 
 import math
@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ..spec.errors import InputError
+
+# Fields each kind of per-token × layer fact carries, in the order the model passes them.
+FACT_FIELDS: dict[str, tuple[str, ...]] = {
+    "moe": ("ids", "weights", "scores", "vision"),
+    "mhc": ("pre", "post", "comb", "row_err", "col_err"),
+    "engram": ("compressed_ids", "row_ids", "gates"),
+    "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
+}
+FACT_KINDS = tuple(FACT_FIELDS)
+MHC_SITES = ("attn", "ffn")
 
 
 @dataclass(frozen=True)
@@ -24,9 +36,9 @@ class TraceBudget:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            raise ValueError(f"TraceBudget.max_tokens must be a non-negative integer or None, got {self.max_tokens!r}")
+            raise InputError(f"TraceBudget.max_tokens must be a non-negative integer or None, got {self.max_tokens!r}")
         if not isinstance(self.top_k_logits, int) or self.top_k_logits < 0:
-            raise ValueError(f"TraceBudget.top_k_logits must be a non-negative integer, got {self.top_k_logits!r}")
+            raise InputError(f"TraceBudget.top_k_logits must be a non-negative integer, got {self.top_k_logits!r}")
         if self.layers is not None:
             object.__setattr__(self, "layers", frozenset(as_path(x) for x in self.layers))
         if not isinstance(self.attention, bool):
@@ -88,9 +100,9 @@ class DSparkStep:
 
     def __post_init__(self) -> None:
         if self.next_kind not in ("replacement", "bonus"):
-            raise ValueError(f"DSparkStep.next_kind must be 'replacement' or 'bonus', got {self.next_kind!r}")
+            raise InputError(f"DSparkStep.next_kind must be 'replacement' or 'bonus', got {self.next_kind!r}")
         if not 0 <= self.accepted <= self.verify_len <= len(self.drafted):
-            raise ValueError(f"DSparkStep needs 0 <= accepted ({self.accepted}) <= verify_len ({self.verify_len})"
+            raise InputError(f"DSparkStep needs 0 <= accepted ({self.accepted}) <= verify_len ({self.verify_len})"
                              f" <= drafted ({len(self.drafted)})")
         self.drafted = np.asarray(self.drafted, np.int64).reshape(-1)
         for name in ("draft_probs", "confidences", "survival"):
@@ -115,7 +127,7 @@ def path_order(path: str) -> tuple[int, int, str]:
 
 def as_path(x: int | str) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, str)):
-        raise ValueError(f"TraceBudget: a layer must be a number or a dotted path like 'layers.3', got {x!r}")
+        raise InputError(f"TraceBudget: a layer must be a number or a dotted path like 'layers.3', got {x!r}")
     return f"layers.{x}" if isinstance(x, int) else x
 
 

@@ -1,11 +1,14 @@
-"""A Trace as flat columnar tables (one 1-D column each, pandas-ready) and back, exactly."""
+"""A Trace's contents as flat columnar tables (one 1-D column each, pandas-ready) and back, exactly."""
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
-from .trace import FACT_FIELDS, DSparkStep, TokenRecord, Trace, TraceBudget
+from ..spec.errors import InputError
+from .records import FACT_FIELDS, DSparkStep, TokenRecord, TraceBudget
 
 FORMAT = "v41viz-trace"
 VERSION = 1
@@ -34,11 +37,34 @@ VALUES: dict[str, dict[str, str]] = {
 PAD = {"int64": -1, "float32": np.nan, "float64": np.nan, "bool": False}
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(InputError):
     """A trace file or table set that is not a valid v41viz trace; the message says what is wrong."""
 
 
-def build_tables(trace: Trace, only: str | None = None) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+class TraceReader(Protocol):
+    """What the tables read from a Trace (its public accessors; this module does not import the Trace)."""
+    budget: TraceBudget
+    meta: dict[str, Any]
+    omitted: Counter[str]
+    dspark_steps: list[DSparkStep]
+
+    def facts(self, kind: str) -> list[tuple[str, str, int, int, tuple[np.ndarray, ...]]]: ...
+    def rows(self) -> list[int]: ...
+    def tokens(self, row: int = 0) -> list[TokenRecord]: ...
+
+
+@dataclass
+class TraceContents:
+    """Everything a trace holds, decoded from tables: what `Trace.from_tables` rebuilds a Trace from."""
+    budget: TraceBudget
+    meta: dict[str, Any]
+    omitted: dict[str, int]
+    facts: list[tuple[str, str, str, int, int, tuple[np.ndarray, ...]]]  # (kind, path, site, row, pos, values)
+    tokens: list[TokenRecord]
+    dspark_steps: list[DSparkStep]
+
+
+def build_tables(trace: TraceReader, only: str | None = None) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     """(tables, header): tables[name][column] are 1-D arrays; header holds budget, meta, omitted and shapes."""
     names = TABLES if only is None else (only,)
     if only is not None and only not in TABLES:
@@ -60,33 +86,28 @@ def build_tables(trace: Trace, only: str | None = None) -> tuple[dict[str, dict[
     return tables, header
 
 
-def moe_table(trace: Trace) -> dict[str, np.ndarray]:
-    """One row per token × layer × routed slot: path, row, pos, slot, expert, weight, score, vision."""
-    return build_tables(trace, only="moe")[0]["moe"]
-
-
-def restore_trace(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any]) -> Trace:
-    """Rebuild a Trace from build_tables output (after any file round trip); raises TraceFormatError."""
+def decode_tables(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any]) -> TraceContents:
+    """The records of build_tables output (after any file round trip); raises TraceFormatError."""
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TraceFormatError(f"not a {FORMAT} file (header format is {header.get('format') if isinstance(header, dict) else header!r})")
     if header.get("version") != VERSION:
         raise TraceFormatError(f"trace version {header.get('version')!r} is not supported (this engine reads {VERSION})")
     try:
-        trace = Trace(TraceBudget.from_dict(header["budget"]), header["meta"])
-        trace.omitted.update({k: int(v) for k, v in header["omitted"].items()})
+        contents = TraceContents(TraceBudget.from_dict(header["budget"]), header["meta"],
+                                 {k: int(v) for k, v in header["omitted"].items()}, [], [], [])
         for name in TABLES:
             cols = tables.get(name)
             if cols is None:
                 raise TraceFormatError(f"table '{name}' is missing")
-            _restore_table(trace, name, cols, header["schema"][name], int(header["n_rows"][name]))
+            _decode_table(contents, name, cols, header["schema"][name], int(header["n_rows"][name]))
     except (KeyError, TypeError, IndexError) as e:
         raise TraceFormatError(f"trace is incomplete or inconsistent: {type(e).__name__}: {e}") from None
-    return trace
+    return contents
 
 
 # ---- building ---------------------------------------------------------------------------------
 
-def _records(trace: Trace, name: str) -> list[tuple[dict, dict]]:
+def _records(trace: TraceReader, name: str) -> list[tuple[dict, dict]]:
     """(keys, values) per table row."""
     if name == "moe":
         out = []
@@ -124,7 +145,7 @@ def _field_columns(table: str, field: str, values: list, dtype: str) -> tuple[di
         names = _names(field, shape)
         return {n: np.ascontiguousarray(stacked[:, i]) for i, n in enumerate(names)}, {"shape": list(shape)}
     if any(len(s) != 1 for s in shapes):
-        raise ValueError(f"trace table {table}: field '{field}' has varying shapes {sorted(shapes)}; "
+        raise InputError(f"trace table {table}: field '{field}' has varying shapes {sorted(shapes)}; "
                          "only 1-D fields may vary in length")
     width = max(s[0] for s in shapes)
     padded = np.full((len(arrays), width), PAD[dtype], dtype=dtype)
@@ -144,7 +165,7 @@ def _size(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape)) if shape else 1
 
 
-# ---- restoring --------------------------------------------------------------------------------
+# ---- decoding ---------------------------------------------------------------------------------
 
 def _get(cols: dict, table: str, name: str, dtype: str, n: int) -> np.ndarray:
     if name not in cols:
@@ -170,37 +191,36 @@ def _field_values(cols: dict, table: str, field: str, dtype: str, spec: dict, n:
     return list(stacked)
 
 
-def _restore_table(trace: Trace, name: str, cols: dict, schema: dict, n: int) -> None:
+def _decode_table(contents: TraceContents, name: str, cols: dict, schema: dict, n: int) -> None:
     keys = {k: _get(cols, name, k, dt, n) for k, dt in KEYS[name].items()}
     values = {f: _field_values(cols, name, f, dt, schema[f], n) for f, dt in VALUES[name].items()}
     if name == "moe":
-        _restore_moe(trace, keys, values, n)
+        contents.facts.extend(_decode_moe(keys, values, n))
     elif name in FACT_FIELDS:
         site = keys.get("site", [""] * n)
-        for i in range(n):
-            trace._insert(name, str(keys["path"][i]), str(site[i]), int(keys["row"][i]), int(keys["pos"][i]),
-                          tuple(values[f][i] for f in FACT_FIELDS[name]))
+        contents.facts.extend((name, str(keys["path"][i]), str(site[i]), int(keys["row"][i]), int(keys["pos"][i]),
+                               tuple(values[f][i] for f in FACT_FIELDS[name])) for i in range(n))
     elif name == "tokens":
-        for i in range(n):
-            rec = TokenRecord(**{k: _plain(values[k][i] if k in values else keys[k][i]) for k in
-                                 ("row", "pos", "token_id", "text", "generated", "step", "step_time_s")},
-                              top_ids=values["top_ids"][i], top_logits=values["top_logits"][i],
-                              top_probs=values["top_probs"][i])
-            trace._tokens.setdefault(rec.row, {})[rec.pos] = rec
+        contents.tokens.extend(
+            TokenRecord(**{k: _plain(values[k][i] if k in values else keys[k][i]) for k in
+                           ("row", "pos", "token_id", "text", "generated", "step", "step_time_s")},
+                        top_ids=values["top_ids"][i], top_logits=values["top_logits"][i],
+                        top_probs=values["top_probs"][i]) for i in range(n))
     else:
-        for i in range(n):
-            trace.dspark_steps.append(DSparkStep(
-                row=int(keys["row"][i]), step=int(keys["step"][i]),
-                **{f: (values[f][i] if f in ("drafted", "draft_probs", "confidences", "survival")
-                       else _plain(values[f][i])) for f in VALUES["dspark"]}))
+        contents.dspark_steps.extend(DSparkStep(
+            row=int(keys["row"][i]), step=int(keys["step"][i]),
+            **{f: (values[f][i] if f in ("drafted", "draft_probs", "confidences", "survival")
+                   else _plain(values[f][i])) for f in VALUES["dspark"]}) for i in range(n))
 
 
-def _restore_moe(trace: Trace, keys: dict, values: dict, n: int) -> None:
+def _decode_moe(keys: dict, values: dict, n: int) -> list[tuple]:
+    """One moe fact per token from its k slot rows."""
     slot = keys["slot"]
     starts = np.flatnonzero(slot == 0)
     bounds = list(starts) + [n]
     if n and (not starts.size or starts[0] != 0):
         raise TraceFormatError("table 'moe': rows must come in groups whose slot runs 0, 1, ..., k-1")
+    facts = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         same = {(keys["path"][i], keys["row"][i], keys["pos"][i]) for i in range(a, b)}
         if len(same) != 1 or not np.array_equal(slot[a:b], np.arange(b - a)):
@@ -208,8 +228,9 @@ def _restore_moe(trace: Trace, keys: dict, values: dict, n: int) -> None:
         ids = np.array(values["expert"][a:b], dtype=np.int64)
         weights = np.array(values["weight"][a:b], dtype=np.float32)
         scores = np.array(values["score"][a:b], dtype=np.float32)
-        trace._insert("moe", str(keys["path"][a]), "", int(keys["row"][a]), int(keys["pos"][a]),
-                      (ids, weights, scores, values["vision"][a]))
+        facts.append(("moe", str(keys["path"][a]), "", int(keys["row"][a]), int(keys["pos"][a]),
+                      (ids, weights, scores, values["vision"][a])))
+    return facts
 
 
 def _plain(v):

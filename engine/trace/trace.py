@@ -2,23 +2,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from .records import DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
-
-__all__ = ["DSparkStep", "TokenRecord", "Trace", "TraceBudget", "layer_path", "path_order"]
-
-# Fields each kind of per-token × layer fact carries, in the order the model passes them.
-FACT_FIELDS: dict[str, tuple[str, ...]] = {
-    "moe": ("ids", "weights", "scores", "vision"),
-    "mhc": ("pre", "post", "comb", "row_err", "col_err"),
-    "engram": ("compressed_ids", "row_ids", "gates"),
-    "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
-}
-FACT_KINDS = tuple(FACT_FIELDS)
-MHC_SITES = ("attn", "ffn")
+from ..spec.errors import InputError
+from .arrays import as_list, as_numpy, as_numpy_many
+from .formats import read_tables, trace_format, write_tables
+from .records import FACT_FIELDS, MHC_SITES, DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
+from .tables import TraceFormatError, build_tables, decode_tables
 
 
 class Trace:
@@ -38,24 +31,24 @@ class Trace:
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
         if self._skipped("moe", path, positions):
             return
-        ids = _np(ids, np.int64)
-        vision = np.zeros(ids.shape[:2], bool) if vision is None else _np(vision, bool)
-        weights, scores = _np_many((weights, scores))
+        ids = as_numpy(ids, np.int64)
+        vision = np.zeros(ids.shape[:2], bool) if vision is None else as_numpy(vision, bool)
+        weights, scores = as_numpy_many((weights, scores))
         self._record("moe", path, "", rows, positions, (ids, weights, scores, vision))
 
     def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
         if site not in MHC_SITES:
-            raise ValueError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
+            raise InputError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
         if self._skipped("mhc", path, positions):
             return
         self._record("mhc", path, site, rows, positions,
-                     tuple(_np_many((pre, post, comb, row_err, col_err))))
+                     tuple(as_numpy_many((pre, post, comb, row_err, col_err))))
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
         if self._skipped("engram", path, positions):
             return
         self._record("engram", path, "", rows, positions,
-                     (*_np_many((compressed_ids, row_ids), np.int64), _np(gates)))
+                     (*as_numpy_many((compressed_ids, row_ids), np.int64), as_numpy(gates)))
 
     def wants_attention(self, path: str) -> bool:
         a = self.budget.attention
@@ -66,7 +59,7 @@ class Trace:
         if not self.wants_attention(path) or self._skipped("attention", path, positions):
             return
         self._record("attention", path, "", rows, positions,
-                     (_np(topk, np.int64), *_np_many((window_mass, compressed_mass, sink_mass))))
+                     (as_numpy(topk, np.int64), *as_numpy_many((window_mass, compressed_mass, sink_mass))))
 
     # ---- what generation calls ------------------------------------------------------------
     def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
@@ -131,28 +124,33 @@ class Trace:
             raise KeyError(f"no mHC record for {path} {site} at row {row}, position {pos}")
         return rec["comb"]
 
-    def mhc_composite(self, row: int, pos: int, upto: str | None = None) -> tuple[np.ndarray, float]:
-        """Product of the recorded backbone mHC matrices in depth order, and its max gain.
+    def mhc_products(self, row: int, pos: int, upto: str | None = None) -> list[tuple[str, str, np.ndarray]]:
+        """(path, site, C_1 @ ... @ C_k) after each recorded backbone mHC seam k, in depth order (float64).
 
         Each matrix C maps source stream a to destination b (X'_b = Σ_a C[a,b] X_a), so the residual path
-        through seams 1..n is C_1 @ C_2 @ ... @ C_n in the same [source, dest] layout. The gain is the
-        largest absolute row or column sum: 1 for a doubly stochastic product, larger when streams amplify.
+        through seams 1..n is C_1 @ C_2 @ ... @ C_n in the same [source, dest] layout.
         """
         seams = [(p, s) for p in self.paths("mhc") if p.startswith("layers.") for s in MHC_SITES]
         # (the draft stages restart their streams, so they are not part of the backbone's product)
         if upto is not None:
             seams = [(p, s) for p, s in seams if path_order(p) <= path_order(upto)]
-        product = None
+        products, product = [], None
         for p, s in seams:
             rec = self.fact("mhc", p, row, pos, s)
             if rec is None:
                 continue
             c = rec["comb"].astype(np.float64)
             product = c if product is None else product @ c
-        if product is None:
+            products.append((p, s, product))
+        return products
+
+    def mhc_composite(self, row: int, pos: int, upto: str | None = None) -> tuple[np.ndarray, float]:
+        """Product of the recorded backbone mHC matrices in depth order (see mhc_products), and its gain."""
+        products = self.mhc_products(row, pos, upto)
+        if not products:
             raise KeyError(f"no mHC records at row {row}, position {pos}")
-        gain = float(max(np.abs(product).sum(0).max(), np.abs(product).sum(1).max()))
-        return product, gain
+        product = products[-1][2]
+        return product, mhc_gain(product)
 
     def expert_load(self, path: str, n_experts: int | None = None) -> np.ndarray:
         """How many recorded tokens routed to each expert of a layer (counts over the kept tokens)."""
@@ -162,12 +160,11 @@ class Trace:
         return np.bincount(flat, minlength=size).astype(np.int64)
 
     def moe_table(self) -> dict[str, np.ndarray]:
-        from .tables import moe_table
-        return moe_table(self)
+        """One row per token × layer × routed slot: path, row, pos, slot, expert, weight, score, vision."""
+        return self.table("moe")
 
     def table(self, name: str) -> dict[str, np.ndarray]:
         """Columnar, pandas-ready table: moe, mhc, engram, attention, tokens or dspark."""
-        from .tables import build_tables
         return build_tables(self, only=name)[0][name]
 
     def summary(self) -> dict[str, Any]:
@@ -176,15 +173,42 @@ class Trace:
                 "tokens": sum(len(t) for t in self._tokens.values()), "dspark_steps": len(self.dspark_steps),
                 "omitted": dict(self.omitted)}
 
-    # ---- persistence ----------------------------------------------------------------------
-    def save(self, path) -> None:
-        from .formats import save_trace
-        save_trace(self, path)
+    # ---- tables and files -----------------------------------------------------------------
+    def to_tables(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """(tables, header): every table as 1-D columns, and the budget, meta, omitted counts and shapes."""
+        return build_tables(self)
 
-    @staticmethod
-    def load(path) -> "Trace":
-        from .formats import load_trace
-        return load_trace(path)
+    @classmethod
+    def from_tables(cls, tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any]) -> Trace:
+        """Rebuild a trace from to_tables output (after any file round trip); raises TraceFormatError.
+        Its facts bypass the budget: the saved trace honoured it."""
+        contents = decode_tables(tables, header)
+        trace = cls(contents.budget, contents.meta)
+        trace.omitted.update(contents.omitted)
+        for kind, path, site, row, pos, values in contents.facts:
+            by_pos = trace._facts.setdefault(row, {})
+            if pos not in by_pos:
+                by_pos[pos] = {}
+                trace._n_token_slots += 1
+            by_pos[pos][(kind, path, site)] = values
+        for rec in contents.tokens:
+            trace._tokens.setdefault(rec.row, {})[rec.pos] = rec
+        trace.dspark_steps.extend(contents.dspark_steps)
+        return trace
+
+    def save(self, path: str | Path, fmt: str | None = None) -> Path:
+        """Write the trace as JSON, a Parquet zip or safetensors (default: from the file suffix)."""
+        fmt = fmt or trace_format(path)
+        return write_tables(*self.to_tables(), path, fmt)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        """Read a trace written by save; a corrupt or foreign file raises TraceFormatError naming it."""
+        tables, header = read_tables(path)
+        try:
+            return cls.from_tables(tables, header)
+        except TraceFormatError as e:
+            raise TraceFormatError(f"{path}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
@@ -220,7 +244,7 @@ class Trace:
     def _skipped(self, kind: str, path: str, positions) -> bool:
         """Check the positions' shape; count and skip a layer outside the budget before any copying."""
         if len(positions.shape) != 2:
-            raise ValueError(f"record_{kind}({path}): positions must be [B, S], got shape {tuple(positions.shape)}")
+            raise InputError(f"record_{kind}({path}): positions must be [B, S], got shape {tuple(positions.shape)}")
         if self.budget.keeps_layer(path):
             return False
         self.omitted[kind] += positions.shape[0] * positions.shape[1]
@@ -228,14 +252,14 @@ class Trace:
 
     def _record(self, kind: str, path: str, site: str, rows, positions, arrays: tuple[np.ndarray, ...]) -> None:
         b, s = tuple(positions.shape)
-        rows = list(range(b)) if rows is None else np.asarray(_list(rows), dtype=np.int64).reshape(-1).tolist()
+        rows = list(range(b)) if rows is None else np.asarray(as_list(rows), dtype=np.int64).reshape(-1).tolist()
         if len(rows) != b:
-            raise ValueError(f"record_{kind}({path}): rows must be [B={b}], got {len(rows)} rows")
+            raise InputError(f"record_{kind}({path}): rows must be [B={b}], got {len(rows)} rows")
         for name, a in zip(FACT_FIELDS[kind], arrays):
             if a.shape[:2] != (b, s):
-                raise ValueError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
+                raise InputError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
         key = (kind, path, site)
-        for i, (row, row_positions) in enumerate(zip(rows, _list(positions))):
+        for i, (row, row_positions) in enumerate(zip(rows, as_list(positions))):
             per_token = zip(*(list(a[i]) for a in arrays))  # S tuples of this token's field values
             for pos, values in zip(row_positions, per_token):
                 if self._admit(row, pos):
@@ -243,50 +267,21 @@ class Trace:
                 else:
                     self.omitted[kind] += 1
 
-    def _insert(self, kind: str, path: str, site: str, row: int, pos: int, values: tuple[np.ndarray, ...]) -> None:
-        """Put one stored record back (loading); bypasses the budget because the saved trace honoured it."""
-        by_pos = self._facts.setdefault(row, {})
-        if pos not in by_pos:
-            by_pos[pos] = {}
-            self._n_token_slots += 1
-        by_pos[pos][(kind, path, site)] = values
-
-
-def _list(t) -> list:
-    """A tensor or array (any device) as nested Python lists."""
-    return t.tolist() if hasattr(t, "tolist") else list(t)
-
-
-def _np(t, dtype=np.float32) -> np.ndarray:
-    """A tensor (any device, any float dtype) or array as a CPU numpy array of `dtype` (always a copy:
-    the model may reuse its buffers)."""
-    if hasattr(t, "detach"):
-        t = t.detach()
-        if t.device.type != "cpu" or (t.dtype.is_floating_point and t.dtype.itemsize < 4):  # bf16/fp16: fp32 is exact
-            t = t.to(device="cpu", dtype=_torch_dtype(dtype))
-        return t.numpy().astype(dtype, copy=True)
-    return np.array(t, dtype=dtype)
-
-
-def _np_many(tensors: tuple, dtype=np.float32) -> list[np.ndarray]:
-    """Several tensors as arrays of one dtype; from a GPU through a single host copy (one sync)."""
-    devices = {getattr(t, "device", None) for t in tensors}
-    if len(devices) != 1 or None in devices or next(iter(devices)).type == "cpu":
-        return [_np(t, dtype) for t in tensors]
-    import torch
-    target = _torch_dtype(dtype)
-    flat = torch.cat([t.detach().reshape(-1).to(target) for t in tensors]).cpu().numpy()  # cat makes a copy
-    out, start = [], 0
-    for t in tensors:
-        out.append(flat[start:start + t.numel()].reshape(tuple(t.shape)))
-        start += t.numel()
-    return out
-
-
-def _torch_dtype(dtype):
-    import torch
-    return {np.float32: torch.float32, bool: torch.bool, np.int64: torch.int64}[dtype]
-
 
 def _nonempty(d: dict) -> dict:
     return {k: v for k, v in d.items() if v}
+
+
+def mhc_gain(product: np.ndarray) -> float:
+    """Largest absolute row or column sum: 1 for a doubly stochastic product, larger when streams amplify."""
+    return float(max(np.abs(product).sum(0).max(), np.abs(product).sum(1).max()))
+
+
+def save_trace(trace: Trace, path: str | Path, fmt: str | None = None) -> Path:
+    """Trace.save as a function."""
+    return trace.save(path, fmt)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Trace.load as a function."""
+    return Trace.load(path)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.moe import Gate
+from ..spec.errors import InputError
 
 
 class RouterTap:
@@ -18,7 +19,7 @@ class RouterTap:
     def __init__(self, model: nn.Module, keep_inputs: bool = False):
         self.gates = {name: m for name, m in model.named_modules() if isinstance(m, Gate)}
         if not self.gates:
-            raise ValueError("RouterTap: the model has no MoE routers (ffn.gate)")
+            raise InputError("RouterTap: the model has no MoE routers (ffn.gate)")
         self.keep_inputs = keep_inputs
         self.loads: dict[str, torch.Tensor] = {}
         self.inputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -80,5 +81,5 @@ def sequence_balance_loss(tap: RouterTap, batch: int) -> torch.Tensor:
         loss = (f * probs.mean(1)).sum(-1).mean()
         total, n = (loss if total is None else total + loss), n + 1
     if total is None:
-        raise ValueError("sequence_balance_loss: no router inputs were recorded (RouterTap(keep_inputs=True))")
+        raise InputError("sequence_balance_loss: no router inputs were recorded (RouterTap(keep_inputs=True))")
     return total / n

@@ -1,8 +1,10 @@
 """Model card: measure a checkpoint on its prepared corpus and write MODEL_CARD.md, card.json and loss_curve.png."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import platform
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,21 +13,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..bench.cpu import machine_description
+from ..spec.errors import InputError, MissingFileError
 from .corpus import MANIFEST_NAME, TOKENS_NAME, load_tokens, sha256_file
+from .fields import option
 from .log import read_log
+from .windows import heldout_windows
 
 PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")
 
 
 @dataclass(frozen=True)
 class CardOptions:
-    seq: int = 256                # tokens per held-out window (the model sees seq, predicts seq)
-    windows: int = 32             # non-overlapping held-out windows, spread evenly over the stream
-    batch: int = 8                # windows per forward
-    new_tokens: int = 48          # per prompt, for samples and the DSpark / plain timing
-    repeats: int = 3              # DSpark / plain timing: median over repeats
+    seq: int = option(256, "tokens per held-out window")       # the model sees seq, predicts seq
+    windows: int = option(32, "held-out windows")              # non-overlapping, spread evenly over the stream
+    batch: int = option(8, "windows per forward")
+    new_tokens: int = option(48, "new tokens per prompt for samples and decode timing")
+    repeats: int = option(3, "timing repeats, median taken")   # DSpark / plain timing
     sample_temperature: float = 0.8
-    seed: int = 0
+    seed: int = option(0, "sampling seed")
     top_ngrams: int = 12
 
 
@@ -35,7 +41,7 @@ def check_inputs(ckpt: Path, data: Path) -> None:
               data / MANIFEST_NAME, data / TOKENS_NAME]
     missing = [str(p) for p in needed if not p.is_file()]
     if missing:
-        raise FileNotFoundError("model card: missing input(s): " + ", ".join(missing))
+        raise MissingFileError("model card: missing input(s): " + ", ".join(missing))
 
 
 def check_same_vocabulary(engine, data: Path) -> None:
@@ -43,22 +49,13 @@ def check_same_vocabulary(engine, data: Path) -> None:
     from ..text.vocab import ID_MAP_NAME, IdMap
     ours = getattr(engine.tokenizer, "reduced_vocab", None)
     if (data / ID_MAP_NAME).is_file() != (ours is not None):
-        raise ValueError(f"{data} and the checkpoint disagree on the vocabulary: only one of them has {ID_MAP_NAME}")
+        raise InputError(f"{data} and the checkpoint disagree on the vocabulary: only one of them has {ID_MAP_NAME}")
     if ours is None:
         return
     theirs = IdMap.load(data / ID_MAP_NAME, ours.tokenizer)
     if not np.array_equal(theirs.ids, ours.ids):
-        raise ValueError(f"{data / ID_MAP_NAME} ({theirs.vocab_size} ids) differs from the checkpoint's id map "
+        raise InputError(f"{data / ID_MAP_NAME} ({theirs.vocab_size} ids) differs from the checkpoint's id map "
                          f"({ours.vocab_size} ids): the corpus was prepared for another model")
-
-
-def heldout_windows(tokens: np.ndarray, seq: int, count: int) -> np.ndarray:
-    """[n, seq + 1] non-overlapping windows spread evenly over the held-out stream."""
-    n_all = (tokens.size - 1) // (seq + 1)
-    if n_all < 1:
-        raise ValueError(f"the held-out stream has {tokens.size} tokens; a window of {seq} needs at least {seq + 2}")
-    picks = np.linspace(0, n_all - 1, min(count, n_all)).round().astype(np.int64)
-    return np.stack([tokens[i * (seq + 1):(i + 1) * (seq + 1)] for i in picks]).astype(np.int64)
 
 
 def unigram_loss(train: np.ndarray, targets: np.ndarray, vocab_size: int) -> float:
@@ -71,7 +68,7 @@ def unigram_loss(train: np.ndarray, targets: np.ndarray, vocab_size: int) -> flo
 @torch.no_grad()
 def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
     """Cross-entropy, per-layer expert loads and Engram gates over the held-out windows (one Trace per batch)."""
-    from ..trace.trace import Trace, TraceBudget
+    from ..trace import Trace, TraceBudget
     total, count = 0.0, 0
     loads: dict[str, np.ndarray] = {}
     gates: dict[str, list[np.ndarray]] = {}      # path -> [positions, hc] per batch
@@ -80,7 +77,7 @@ def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
     for start in range(0, len(windows), batch):
         chunk = torch.from_numpy(windows[start:start + batch])           # [b, seq + 1]
         trace = Trace(TraceBudget(max_tokens=None, top_k_logits=0))
-        logits = model(chunk[:, :-1], trace=trace, logits="all")         # [b, seq, V]
+        logits = model(chunk[:, :-1], trace=trace, logits="all").logits  # [b, seq, V]
         total += float(F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum"))
         count += chunk[:, 1:].numel()
         for path in trace.paths("moe"):
@@ -130,7 +127,7 @@ def gate_stats(gates: dict[str, np.ndarray], gate_at, windows: np.ndarray, decod
 
 def log_summary(rows: list[dict[str, str]]) -> dict:
     if not rows:
-        raise ValueError("log.csv has no rows: nothing was trained")
+        raise InputError("log.csv has no rows: nothing was trained")
 
     def col(name):
         return [(int(r["step"]), float(r[name])) for r in rows if r.get(name) not in (None, "")]
@@ -180,8 +177,7 @@ def plot_loss(curve: dict, unigram: float, path: Path) -> None:
 def measure_decoding(engine, opts: CardOptions) -> dict:
     """Samples from fixed prompts, and plain vs DSpark decode (same prompts) at T=0 and T=1."""
     from ..dspark.metrics import summarize
-    from ..generation.speculative import DSparkConfig, generate_speculative
-    from ..generation.generate import generate
+    from ..generation import DSparkConfig
     samples = engine.generate_text(list(PROMPTS), max_new_tokens=opts.new_tokens, seed=opts.seed,
                                    temperature=opts.sample_temperature)
     out = {"samples": [{"prompt": p, "text": t} for p, t in zip(PROMPTS, samples.texts)],
@@ -192,7 +188,7 @@ def measure_decoding(engine, opts: CardOptions) -> dict:
         return out
     ids = [engine.encode(p) for p in PROMPTS]
     kw = dict(max_new_tokens=opts.new_tokens, seed=opts.seed, stop_tokens=())
-    generate(engine.model, ids[:1], **{**kw, "max_new_tokens": 2})     # warm-up
+    engine.generate(ids[:1], **{**kw, "max_new_tokens": 2})            # warm-up
     runs = {}
     for t in (0.0, 1.0):
         rates: dict[bool, list[float]] = {False: [], True: []}
@@ -200,16 +196,20 @@ def measure_decoding(engine, opts: CardOptions) -> dict:
         for rep in range(opts.repeats):
             for spec in ((False, True) if rep % 2 == 0 else (True, False)):  # a busy machine slows both alike
                 # one prompt at a time (batch 1, as `generate --prompt` runs), pooled over the prompts
-                res = [(generate_speculative(engine.model, [p], temperature=t, dspark=DSparkConfig(), **kw) if spec
-                        else generate(engine.model, [p], temperature=t, **kw)) for p in ids]
+                res = [engine.generate([p], temperature=t, dspark=DSparkConfig() if spec else None, **kw)
+                       for p in ids]
                 decoded = sum(max(len(r.tokens[0]) - 1, 0) for r in res)
                 rates[spec].append(decoded / sum(r.decode_s for r in res))
                 last[spec] = res                                         # seeded: every repeat has the same tokens
         m = summarize([s for r in last[True] for s in r.steps])
         plain_rate, spec_rate = statistics.median(rates[False]), statistics.median(rates[True])
+        ratios = [d / p for p, d in zip(rates[False], rates[True])]      # one plain/DSpark pair per repeat
         runs[f"T={t:g}"] = {"mean_accepted_length": m.mean_accepted_length, "acceptance_rate": m.acceptance_rate,
+                            "per_position_acceptance": m.conditional_acceptance,
+                            "dspark_steps": m.steps,
+                            "decoded_tokens": sum(max(len(r.tokens[0]) - 1, 0) for r in last[True]),
                             "plain_tokens_per_s": plain_rate, "dspark_tokens_per_s": spec_rate,
-                            "speedup": spec_rate / plain_rate,
+                            "speedup": spec_rate / plain_rate, "speedup_range": [min(ratios), max(ratios)],
                             "outputs_identical": [r.tokens for r in last[False]] == [r.tokens for r in last[True]]}
     out["dspark"] = {"prompts": list(PROMPTS), "batch": 1, "repeats": opts.repeats,
                      "threads": torch.get_num_threads(), **runs}
@@ -218,16 +218,16 @@ def measure_decoding(engine, opts: CardOptions) -> dict:
 
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
-    from ..spec.accounting import account
     from ..checkpoint.store import checkpoint_files
-    from ..generation.generate import Engine
+    from ..generation import Engine
+    from ..spec.accounting import account
     ckpt, data = Path(ckpt), Path(data)
     check_inputs(ckpt, data)
     manifest = json.loads((data / MANIFEST_NAME).read_text(encoding="utf-8"))
     recorded = manifest.get("outputs", {}).get(TOKENS_NAME)
     actual = sha256_file(data / TOKENS_NAME)
     if recorded != actual:
-        raise ValueError(f"{data / TOKENS_NAME}: sha256 {actual} differs from the manifest's {recorded}; "
+        raise InputError(f"{data / TOKENS_NAME}: sha256 {actual} differs from the manifest's {recorded}; "
                          "re-run prepare_data")
     engine = Engine.load(checkpoint=ckpt)
     args, model = engine.args, engine.model
@@ -235,7 +235,7 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
     tokens = load_tokens(data)
     for part in ("train", "heldout"):
         if tokens[part].size and int(tokens[part].max()) >= args.vocab_size:
-            raise ValueError(f"{data}: {part} tokens reach id {int(tokens[part].max())}, outside the checkpoint's "
+            raise InputError(f"{data}: {part} tokens reach id {int(tokens[part].max())}, outside the checkpoint's "
                              f"vocab_size {args.vocab_size}: the data and the checkpoint use different id maps")
     log("measuring held-out loss, expert load and Engram gates ...")
     windows = heldout_windows(tokens["heldout"], opts.seq, opts.windows)   # [n, seq + 1]
@@ -255,6 +255,9 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
     acc = account(args)
     card = {
         "format": "v41viz-model-card/1", "checkpoint": str(ckpt), "data": str(data),
+        "measured": {"date": datetime.date.today().isoformat(), "machine": machine_description("cpu"),
+                     "torch": torch.__version__, "python": platform.python_version(),
+                     "threads": torch.get_num_threads()},
         "sources": manifest.get("sources", []),
         "corpus": {"works": {s: sorted(n for n, w in manifest.get("works", {}).items() if w.get("split") == s)
                              for s in ("train", "heldout")},
@@ -281,11 +284,49 @@ def _f(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _range(pair) -> str:
+    return "n/a" if not pair else f"{pair[0]:.2f}–{pair[1]:.2f}"
+
+
+def _positions(rates) -> str:
+    return "n/a" if not rates else " / ".join("–" if x != x else f"{100 * x:.0f}%" for x in rates)
+
+
+def readme_table(card: dict) -> str:
+    """The README's table of the shipped model, from card.json (tests/test_readme.py checks the README holds it)."""
+    h, b, e, d = card["heldout"], card["expert_balance"], card["engram"], card["dspark"]
+    works = ", ".join(w.removesuffix("_gut").replace("_", " ").title() for w in card["corpus"]["works"]["heldout"])
+    worst = max(b["layers"], key=lambda r: r["max_violation"])
+    best = min(b["layers"], key=lambda r: r["max_violation"])
+    rows = [f"| measured by `python -m engine card` on held-out works ({works}) | |", "|---|---|",
+            f"| held-out loss / perplexity | {h['loss']:.3f} nats/token / {h['perplexity']:.1f} "
+            f"(unigram baseline {h['unigram_loss']:.3f} / {h['unigram_perplexity']:.1f}) |",
+            f"| expert load, max violation (max/mean − 1) | worst layer {worst['max_violation']:.3f} (best "
+            f"{best['max_violation']:.3f}) on the held-out works; worst {b['train_max_violation']:.3f} on as many "
+            "windows of training text |"]
+    if e:
+        rows.append("| Engram gates, mean | " + ", ".join(f"{r['mean']:.2f} ({r['layer']})" for r in e["layers"]) + " |")
+    if d:
+        for k in ("T=0", "T=1"):
+            r = d[k]
+            rows.append(f"| DSpark, {k.replace('=', ' = ')} | mean accepted length {r['mean_accepted_length']:.3f} over "
+                        f"{r['dspark_steps']} steps; {r['speedup']:.2f}× the tokens/s of plain decoding (per-repeat "
+                        f"range {_range(r['speedup_range'])}, {d['repeats']} repeats); "
+                        f"{'identical output' if r['outputs_identical'] else 'sampled output'}; acceptance by draft "
+                        f"position {_positions(r['per_position_acceptance'])} |")
+    m = card["measured"]
+    rows.append(f"| measured on | {m['date']}, {m['machine']}, torch {m['torch']}, {m['threads']} thread(s) |")
+    return "\n".join(rows) + "\n"
+
+
 def render(card: dict) -> str:
     """MODEL_CARD.md from card.json (every number comes from the measurement)."""
     m, t, h, b = card["model"], card["training"], card["heldout"], card["expert_balance"]
+    when = card.get("measured") or {}
     out = [f"# Model card: {m['name'] or 'checkpoint'}", "",
-           "Generated by `python -m engine card`; every number below was measured by that script.", "",
+           "Generated by `python -m engine card`; every number below was measured by that script"
+           + (f" on {when['date']}, {when['machine']}, torch {when['torch']}, {when['threads']} thread(s)."
+              if when else "."), "",
            "## Data", ""]
     for s in card["sources"]:
         out += [f"- {s.get('package')} from {s.get('registry')}: `{s.get('file')}`, sha256 `{s.get('sha256')}`",
@@ -332,14 +373,20 @@ def render(card: dict) -> str:
         out.append("This model has no DSpark drafter.")
     else:
         out += [f"Prompts {', '.join(repr(p) for p in d['prompts'])}, one at a time (batch 1), {d['threads']} torch "
-                f"thread(s); tokens/s is the median of {d['repeats']} alternating plain/DSpark repeats.", "",
-                "| | mean accepted length | acceptance rate | plain tokens/s | DSpark tokens/s | ratio | same output |",
-                "|---|---|---|---|---|---|---|"]
+                f"thread(s); tokens/s is the median of {d['repeats']} alternating plain/DSpark repeats, the ratio is "
+                "DSpark's median over plain's with the range of the per-repeat ratios.", "",
+                "| | DSpark steps | mean accepted length | acceptance rate | plain tokens/s | DSpark tokens/s | "
+                "ratio (range) | same output |",
+                "|---|---|---|---|---|---|---|---|"]
         for k in ("T=0", "T=1"):
             r = d[k]
-            out.append(f"| {k} | {_f(r['mean_accepted_length'])} | {_f(r['acceptance_rate'])} | "
-                       f"{_f(r['plain_tokens_per_s'], 1)} | {_f(r['dspark_tokens_per_s'], 1)} | {_f(r['speedup'], 2)} | "
+            out.append(f"| {k} | {r.get('dspark_steps', 'n/a')} | {_f(r['mean_accepted_length'])} | "
+                       f"{_f(r['acceptance_rate'])} | {_f(r['plain_tokens_per_s'], 1)} | "
+                       f"{_f(r['dspark_tokens_per_s'], 1)} | {_f(r['speedup'], 2)} ({_range(r.get('speedup_range'))}) | "
                        f"{'yes' if r['outputs_identical'] else 'no'} |")
+        out += ["", "Acceptance by draft position k (DSpark steps that verified draft k with drafts 1..k−1 accepted, "
+                "the share that accepted it too): "
+                + "; ".join(f"{k} {_positions(d[k].get('per_position_acceptance'))}" for k in ("T=0", "T=1")) + "."]
         out += ["", "At T=1 the sampled tokens follow the same distribution but need not be the same tokens."]
         phases = card.get("drafter_training") or []
         if phases:

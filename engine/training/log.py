@@ -1,37 +1,36 @@
-"""Training log: an append-only CSV (one row per logged step) and a one-line progress bar on stderr."""
+"""Training log: an append-only CSV (one row per logged step) and a tqdm progress bar on stderr."""
 from __future__ import annotations
 
 import csv
 import math
 import sys
-import time
 from pathlib import Path
+
+from ..spec.errors import InputError
 
 COLUMNS = ("step", "tokens", "train_loss", "heldout_loss", "lr", "tokens_per_s", "step_s", "elapsed_s",
            "max_violation", "seq_balance_loss", "indexer_kl")
 
 
 class CsvLog:
-    """Rows keyed by COLUMNS; on resume, rows after the resumed step are dropped so the log stays one run."""
+    """Rows keyed by `columns` (the backbone log's by default); on resume, rows after the resumed step are
+    dropped so the log stays one run."""
 
-    def __init__(self, path: str | Path, resume_step: int | None = None):
-        self.path = Path(path)
-        if resume_step is None or not self.path.is_file():
-            with open(self.path, "w", newline="", encoding="utf-8") as f:
-                csv.writer(f).writerow(COLUMNS)
-        else:
-            rows = read_log(self.path)
-            with open(self.path, "w", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, COLUMNS)
-                w.writeheader()
-                w.writerows(r for r in rows if int(r["step"]) <= resume_step)
+    def __init__(self, path: str | Path, resume_step: int | None = None, columns: tuple[str, ...] = COLUMNS):
+        self.path, self.columns = Path(path), columns
+        kept = [r for r in read_log(self.path) if int(r["step"]) <= resume_step] \
+            if resume_step is not None and self.path.is_file() else []
+        with open(self.path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, columns)
+            w.writeheader()
+            w.writerows(kept)
 
     def write(self, **row) -> None:
-        unknown = set(row) - set(COLUMNS)
+        unknown = set(row) - set(self.columns)
         if unknown:
-            raise ValueError(f"CsvLog.write: unknown column(s) {sorted(unknown)}")
+            raise InputError(f"CsvLog.write: unknown column(s) {sorted(unknown)}")
         with open(self.path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, COLUMNS).writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+            csv.DictWriter(f, self.columns).writerow({k: cell(row.get(k)) for k in self.columns})
 
 
 def read_log(path: str | Path) -> list[dict[str, str]]:
@@ -39,40 +38,22 @@ def read_log(path: str | Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def cell(value) -> str:
+    """A CSV cell: empty for None and NaN, 6 significant digits for floats."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-class Progress:
-    """`step 120/3000 [##----] loss 5.123 | 812 tok/s | eta 1:02:03` rewritten in place (plain lines if not a tty)."""
+def progress_bar(total: int, start: int = 0):
+    """A tqdm bar over optimizer steps `start`..`total` on stderr; the loop puts loss, tokens/s and a note in
+    its postfix. In a terminal it redraws in place; otherwise (output sent to a file) it writes one line per
+    step, so a log stays readable line by line."""
+    from tqdm import tqdm
 
-    def __init__(self, total: int, start: int = 0, stream=None, width: int = 24):
-        self.total, self.start, self.width = total, start, width
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.perf_counter()
-
-    def update(self, step: int, loss: float, tokens_per_s: float, extra: str = "") -> None:
-        done = step - self.start
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else float("nan")
-        filled = int(self.width * step / max(self.total, 1))
-        bar = "#" * filled + "-" * (self.width - filled)
-        line = (f"step {step}/{self.total} [{bar}] loss {loss:.3f} | {tokens_per_s:,.0f} tok/s | "
-                f"eta {_clock(eta)}" + (f" | {extra}" if extra else ""))
-        self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _clock(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    if sys.stderr.isatty():
+        return tqdm(total=total, initial=start, desc="step", unit="step", file=sys.stderr, dynamic_ncols=True)
+    # a bar format ending in a newline turns tqdm's in-place redraws into lines; leave=False keeps it from
+    # repeating the last line on close
+    return tqdm(total=total, initial=start, desc="step", unit="step", file=sys.stderr, mininterval=0, ascii=True,
+                bar_format="{l_bar}{bar}{r_bar}\n", leave=False)

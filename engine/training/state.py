@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.store import load_weights, save_checkpoint
+from ..spec.errors import InputError, MissingFileError
 
 OPTIMIZER_NAME = "optimizer.safetensors"
 STATE_NAME = "train_state.json"
@@ -37,11 +38,11 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     """Restore model weights and AdamW moments saved by save_training_state; returns train_state.json."""
     path = out / STATE_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{out}: nothing to resume ({STATE_NAME} is missing); drop --resume to start afresh")
+        raise MissingFileError(f"{out}: nothing to resume ({STATE_NAME} is missing); drop --resume to start afresh")
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a readable training state ({e})") from None
+        raise InputError(f"{path}: not a readable training state ({e})") from None
     load_weights(model, out)
     from safetensors.torch import load_file
     saved = load_file(str(out / OPTIMIZER_NAME))
@@ -50,7 +51,7 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     for key, t in saved.items():
         field, _, name = key.partition("/")
         if name not in by_name:
-            raise ValueError(f"{out / OPTIMIZER_NAME}: optimizer state for '{name}', which is not a trained "
+            raise InputError(f"{out / OPTIMIZER_NAME}: optimizer state for '{name}', which is not a trained "
                              "parameter of this model (different config?)")
         restored.setdefault(by_name[name], {})[field] = t
     # parameters that never received a gradient (e.g. indexer weights, which only select) have no moments

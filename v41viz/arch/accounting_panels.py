@@ -8,6 +8,7 @@ from engine.spec.accounting import Accounting
 from engine.spec.config import ModelArgs
 from engine.spec.experts_touched import expected_touched
 from engine.spec.published_figures import published_figures
+
 from .details import human
 
 DTYPE_NAMES = {"I8": "FP4 (e2m1, 2 per byte; I8 container)", "F8_E4M3": "FP8 e4m3", "F8_E8M0": "E8M0 block scales",

@@ -5,6 +5,7 @@ import pandas as pd
 
 from engine.spec.accounting import account
 from engine.spec.config import ModelArgs
+
 from .details import human
 from .folding import fold_layers
 

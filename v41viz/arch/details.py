@@ -8,6 +8,7 @@ import networkx as nx
 import pandas as pd
 
 from engine.spec.config import ModelArgs
+
 from .folding import LayerGroup, group_of
 from .module_docs import ModuleDoc, describe
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from engine.spec.config import ModelArgs
+
 from .folding import LayerGroup
 
 # Column centres and widths in diagram units (y grows downwards; the figure flips it).

@@ -8,6 +8,7 @@ import networkx as nx
 from engine.spec.accounting import Accounting, account
 from engine.spec.config import ModelArgs
 from engine.spec.inventory import inventory_tuple
+
 from .details import human
 from .folding import LayerGroup, fold_layers
 from .graph import attach_inventory, build_graph

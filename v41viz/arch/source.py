@@ -5,29 +5,30 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-# Module type → (engine module, the classes/functions that implement it, all shown in this order).
-ENGINE_CODE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "embed": ("engine.model.transformer", ("Transformer",)),
-    "head": ("engine.model.transformer", ("Transformer",)),
-    "block": ("engine.model.block", ("Block",)),
-    "draft_block": ("engine.model.draft", ("DraftStage",)),
-    "rmsnorm": ("engine.model.norm", ("RMSNorm",)),
-    "main_norm": ("engine.model.norm", ("RMSNorm",)),
-    "draft_norm": ("engine.model.norm", ("RMSNorm",)),
-    "mhc": ("engine.model.mhc", ("hc_mixes", "sinkhorn", "collapse", "expand")),
-    "hc_head": ("engine.model.mhc", ("HCHead",)),
-    "attention": ("engine.model.attention", ("Attention",)),
-    "compressor": ("engine.model.compressor", ("Compressor",)),
-    "indexer": ("engine.model.indexer", ("Indexer", "select_candidate_blocks")),
-    "moe": ("engine.model.moe", ("MoE",)),
-    "gate": ("engine.model.moe", ("Gate",)),
-    "hash_gate": ("engine.model.moe", ("HashGate",)),
-    "shared_experts": ("engine.model.moe", ("Expert", "swiglu")),
-    "experts": ("engine.model.moe", ("Expert", "swiglu")),
-    "engram": ("engine.model.engram", ("NgramRows", "Engram")),
-    "main_proj": ("engine.model.draft", ("DraftStage",)),
-    "markov_head": ("engine.model.draft", ("MarkovHead",)),
-    "confidence_head": ("engine.model.draft", ("ConfidenceHead",)),
+# Module type → the classes/functions that implement it, by qualified name, shown in this order.
+ENGINE_CODE: dict[str, tuple[str, ...]] = {
+    "embed": ("engine.model.transformer.Transformer",),
+    "head": ("engine.model.transformer.Transformer",),
+    "block": ("engine.model.block.Block",),
+    "draft_block": ("engine.model.draft.DraftStage",),
+    "rmsnorm": ("engine.model.norm.RMSNorm",),
+    "main_norm": ("engine.model.norm.RMSNorm",),
+    "draft_norm": ("engine.model.norm.RMSNorm",),
+    "mhc": ("engine.model.mhc.hc_mixes", "engine.model.mhc.sinkhorn", "engine.model.mhc.collapse",
+            "engine.model.mhc.expand"),
+    "hc_head": ("engine.model.mhc.HCHead",),
+    "attention": ("engine.model.attention.Attention",),
+    "compressor": ("engine.model.compressor.Compressor",),
+    "indexer": ("engine.model.indexer.Indexer", "engine.model.indexer.select_candidate_blocks"),
+    "moe": ("engine.model.moe.MoE",),
+    "gate": ("engine.model.moe.Gate",),
+    "hash_gate": ("engine.model.moe.HashGate",),
+    "shared_experts": ("engine.model.moe.Expert", "engine.model.moe.swiglu"),
+    "experts": ("engine.model.moe.Expert", "engine.model.moe.swiglu"),
+    "engram": ("engine.text.engram_hash.NgramHash", "engine.model.engram.Engram"),
+    "main_proj": ("engine.model.draft.DraftStage",),
+    "markov_head": ("engine.model.draft.MarkovHead",),
+    "confidence_head": ("engine.model.draft.ConfidenceHead",),
 }
 
 
@@ -51,26 +52,29 @@ class SourceInfo:
 
 def engine_source(module_type: str) -> SourceInfo:
     try:
-        module_name, names = ENGINE_CODE[module_type]
+        qualnames = ENGINE_CODE[module_type]
     except KeyError:
         return SourceInfo((), f"no engine code is mapped to module type {module_type!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            return SourceInfo((), f"not implemented in the engine yet ({module_name} does not exist)")
-        return SourceInfo((), f"{module_name} could not be imported: {e}")
-    except Exception as e:  # a half-written engine module must not break the page
-        return SourceInfo((), f"{module_name} failed to import: {type(e).__name__}: {e}")
-    pieces, missing = [], []
-    for name in names:
+    pieces, problems = [], []
+    for qualname in qualnames:
+        module_name, name = qualname.rsplit(".", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and module_name.startswith(e.name):
+                problems.append(f"not implemented in the engine yet ({module_name} does not exist)")
+            else:
+                problems.append(f"{module_name} could not be imported: {e}")
+            continue
+        except Exception as e:  # a half-written engine module must not break the page
+            problems.append(f"{module_name} failed to import: {type(e).__name__}: {e}")
+            continue
         obj = getattr(module, name, None)
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
-            missing.append(name)
+            problems.append(f"not implemented in the engine yet ({module_name} has no {name})")
             continue
         lines, start = inspect.getsourcelines(obj)
         path = inspect.getsourcefile(obj) or ""
         rel = path[path.rfind("engine/"):] if "engine/" in path else path
-        pieces.append(CodePiece(f"{module_name}.{name}", rel, start, "".join(lines)))
-    message = f"not implemented in the engine yet ({module_name} has no {' / '.join(missing)})" if missing else ""
-    return SourceInfo(tuple(pieces), message)
+        pieces.append(CodePiece(qualname, rel, start, "".join(lines)))
+    return SourceInfo(tuple(pieces), "; ".join(problems))

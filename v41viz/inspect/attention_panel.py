@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.trace.trace import Trace
+from engine.trace import Trace
+
 from .links import related
 from .panel_style import titled
 

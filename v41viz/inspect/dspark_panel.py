@@ -8,8 +8,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.dspark.metrics import DSparkMetrics, summarize
-from engine.trace.trace import Trace
-from engine.trace.records import DSparkStep
+from engine.trace import DSparkStep, Trace
+
 from .panel_style import titled
 
 VERDICT_COLOURS = {"accepted": "#bbf7d0", "rejected": "#fecaca", "not verified": "#e5e7eb"}

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.spec.config import ModelArgs
-from engine.trace.trace import Trace
+from engine.trace import Trace
+
 from .tokens import coloured_text_html, labels
 
 

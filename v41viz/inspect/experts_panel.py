@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.trace.trace import Trace, path_order
+from engine.trace import Trace, path_order
+
 from .links import related
 from .tokens import labels
 

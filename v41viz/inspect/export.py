@@ -4,9 +4,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from engine.trace.trace import Trace
-from engine.trace.formats import load_trace, save_trace, trace_format
-from engine.trace.tables import TraceFormatError
+from engine.spec.errors import InputError
+from engine.trace import Trace, TraceFormatError, load_trace, save_trace, trace_format
 
 FORMATS = {"json": ("trace.json", "application/json"),
            "parquet": ("trace.parquet.zip", "application/zip"),
@@ -16,7 +15,7 @@ FORMATS = {"json": ("trace.json", "application/json"),
 def trace_bytes(trace: Trace, fmt: str) -> bytes:
     """The trace as a file of the format (json | parquet | safetensors), through the engine's writer."""
     if fmt not in FORMATS:
-        raise ValueError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise InputError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / FORMATS[fmt][0]
         save_trace(trace, path)

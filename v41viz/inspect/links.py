@@ -1,7 +1,7 @@
 """The diagram as index: which Inspect panel shows a diagram node, and the links between the two pages."""
 from __future__ import annotations
 
-from engine.trace.records import layer_path
+from engine.trace import layer_path
 
 PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
 

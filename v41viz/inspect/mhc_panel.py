@@ -1,19 +1,13 @@
 """mHC panel: the 4×4 mixing matrix at a seam and token, pre/post weights, Sinkhorn residuals, composite gain."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from engine.trace.trace import MHC_SITES, Trace, path_order
+from engine.trace import Trace, mhc_gain, path_order
+
 from .panel_style import titled
-
-
-def seams(trace: Trace, backbone_only: bool = False) -> list[tuple[str, str]]:
-    """Traced (layer, site) seams in depth order: attn before ffn within a layer."""
-    paths = [p for p in trace.paths("mhc") if not backbone_only or p.startswith("layers.")]
-    return [(p, s) for p in sorted(paths, key=path_order) for s in MHC_SITES]
 
 
 def positions(trace: Trace, row: int = 0) -> list[int]:
@@ -72,15 +66,8 @@ def gain_by_depth(trace: Trace, row: int, pos: int) -> pd.DataFrame:
     this measure to show that unconstrained hyper-connections blow up (gains in the thousands) while mHC
     keeps the residual path bounded. Rounding in Sinkhorn shows up as small drift above 1.
     """
-    product, rows = None, []
-    for p, s in seams(trace, backbone_only=True):
-        rec = trace.fact("mhc", p, row, pos, s)
-        if rec is None:
-            continue
-        c = rec["comb"].astype(np.float64)
-        product = c if product is None else product @ c
-        gain = float(max(np.abs(product).sum(0).max(), np.abs(product).sum(1).max()))
-        rows.append({"seam": f"{p}.{s}", "depth": len(rows) + 1, "gain": gain})
+    rows = [{"seam": f"{p}.{s}", "depth": depth, "gain": mhc_gain(product)}
+            for depth, (p, s, product) in enumerate(trace.mhc_products(row, pos), start=1)]
     return pd.DataFrame(rows, columns=["seam", "depth", "gain"])
 
 

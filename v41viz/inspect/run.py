@@ -5,10 +5,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.trace.trace import Trace, TraceBudget
+from engine.dspark.config import SCHEDULES, DSparkConfig
+from engine.spec.errors import InputError
+from engine.trace import Trace, TraceBudget
 
-SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
-             "auto": "DSpark Alg. 1: maximise expected tokens/s (profiles this machine once)"}
 TRACE_MAX_TOKENS = 1024
 MAX_PROMPT_CHARS = 4000
 
@@ -29,16 +29,16 @@ class GenSettings:
     def check(self) -> None:
         """Raise ValueError naming the setting that is out of range."""
         if not self.prompt.strip():
-            raise ValueError("The prompt is empty: type some text to continue.")
+            raise InputError("The prompt is empty: type some text to continue.")
         if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"The prompt has {len(self.prompt):,} characters; the Inspect page takes at most "
+            raise InputError(f"The prompt has {len(self.prompt):,} characters; the Inspect page takes at most "
                              f"{MAX_PROMPT_CHARS:,} (every token is traced).")
         if not 1 <= self.max_new_tokens <= 512:
-            raise ValueError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
+            raise InputError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("temperature must be ≥ 0, top-p in (0, 1] and top-k ≥ 0")
+            raise InputError("temperature must be ≥ 0, top-p in (0, 1] and top-k ≥ 0")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
+            raise InputError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
 
 
 @dataclass
@@ -72,23 +72,19 @@ def new_trace(settings: GenSettings, model: str, weights: str) -> Trace:
     return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention), meta=meta)
 
 
-def dspark_config(engine, settings: GenSettings):
-    from engine.generation.speculative import DSparkConfig
-    sps = None
-    if settings.schedule == "auto":
-        from engine.dspark.profile import load_or_profile
-        sps = load_or_profile(engine.model)
-    return DSparkConfig(schedule=settings.schedule, threshold=settings.threshold, sps=sps)
+def dspark_config(engine, settings: GenSettings) -> DSparkConfig | None:
+    """The DSparkConfig of the settings, or None when DSpark is off."""
+    if not settings.dspark:
+        return None
+    return DSparkConfig.from_settings(settings.schedule, settings.threshold, engine.model)
 
 
 def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callable[[LiveRun, str], None]) -> None:
     """Generate with the run's trace; on_piece(run, text) after each decoded piece. Updates run in place, so
     an interrupted generation (the Stop button) leaves what it produced."""
-    from engine.generation.generate import _TextStream, generate
+    from engine.generation import TextStream
     ids = [engine.encode(settings.prompt)]
-    stream = _TextStream(engine.tokenizer)
-    kw = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_k=settings.top_k,
-              top_p=settings.top_p, seed=settings.seed, trace=run.trace, token_text=engine.tokenizer.token_text)
+    stream = TextStream(engine.tokenizer)
 
     def on_token(_row: int, token: int, _info) -> None:
         run.n_tokens += 1
@@ -99,10 +95,8 @@ def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callabl
         run.text += piece
         on_piece(run, piece)
 
-    if settings.dspark:
-        from engine.generation.speculative import generate_speculative
-        result = generate_speculative(engine.model, ids, dspark=dspark_config(engine, settings), on_token=on_token, **kw)
-    else:
-        result = generate(engine.model, ids, on_token=on_token, **kw)
+    result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                             top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed, trace=run.trace,
+                             on_token=on_token, dspark=dspark_config(engine, settings))
     run.elapsed_s = time.perf_counter() - run.started
     run.finish, run.status = result.finish_reasons[0], "done"

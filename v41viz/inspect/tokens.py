@@ -6,7 +6,7 @@ import html
 import numpy as np
 import pandas as pd
 
-from engine.trace.trace import Trace
+from engine.trace import Trace
 
 
 def token_label(text: str, pos: int) -> str:

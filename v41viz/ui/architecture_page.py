@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ..arch import accounting_panels as panels
 from ..arch.details import display_table, human, node_details
 from ..arch.diagram import build_figure
 from ..arch.layout import build_layout
 from ..arch.model_view import ModelView
 from ..arch.module_docs import describe
 from ..arch.source import engine_source
-from .url_state import ViewState, from_query, sanitize, to_query
-from ..arch import accounting_panels as panels
 from .page_links import ARCH_JUMP, to_inspect_button
+from .url_state import ViewState, from_query, sanitize, to_query
 
 NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_last_pick"
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.

@@ -134,7 +134,8 @@ class EngineSlot:
 def load_slot(choice: ModelChoice) -> EngineSlot:
     """Build the engine (no Streamlit); the app wraps this in st.cache_resource."""
     import torch
-    from engine.generation.generate import Engine
+
+    from engine.generation import Engine
     torch.set_num_threads(TORCH_THREADS)
     t0 = time.perf_counter()
     if choice.checkpoint is None:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from . import engine_session
+from engine.spec.errors import EngineError
+
 from ..inspect.export import trace_from_upload
-from .page_links import INSPECT_JUMP
 from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace
+from . import engine_session
+from .page_links import INSPECT_JUMP
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
 LIVE, LOADED, SHOWN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
@@ -82,7 +84,7 @@ def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
     """Stream one generation into the page; the run (partial if stopped) stays in the session."""
     try:
         settings.check()
-    except ValueError as e:
+    except EngineError as e:
         st.error(str(e))
         return
     run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source), slot.choice.key, prompt=settings.prompt)
@@ -106,7 +108,7 @@ def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
         with slot.turn(waiting) as engine:
             status.caption("Generating… (prefill, then one token per step)")
             generate_into(engine, settings, run, show)
-    except ValueError as e:  # e.g. a prompt longer than the model's context
+    except EngineError as e:  # e.g. a prompt longer than the model's context
         run.status, run.message = "error", str(e)
     except BaseException:
         run.status = "stopped"  # Stop (or any widget change) interrupts the script between tokens
@@ -125,7 +127,7 @@ def replay_upload() -> None:
     st.session_state["inspect_upload_seen"] = digest
     try:
         trace = trace_from_upload(file.name, file.getvalue())
-    except ValueError as e:
+    except (EngineError, ValueError) as e:  # ValueError: a parser's own complaint about a corrupt file
         st.error(f"Could not load {file.name}: {e}")
         return
     toks = [t for r in trace.rows() for t in trace.tokens(r)]

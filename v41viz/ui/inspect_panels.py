@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.trace.trace import Trace, path_order
+from engine.trace import Trace, path_order
+
 from ..arch import accounting_panels as panels
-from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel
-from ..inspect import mhc_panel
-from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
-from .page_links import INSPECT_JUMP, to_diagram_button
+from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
 from ..inspect.export import FORMATS, trace_bytes
+from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
 from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_table
+from .page_links import INSPECT_JUMP, to_diagram_button
 
 PANEL, NODE, TOKEN = "inspect_panel", "inspect_node", "inspect_token"
 ALL = "(all modules)"

@@ -6,6 +6,7 @@ import hashlib
 import streamlit as st
 
 from engine.spec.presets import list_presets
+
 from ..inspect.links import architecture_query, panel_for
 from .sidebar import CHOICE, UPLOADS
 from .url_state import UPLOAD_PREFIX

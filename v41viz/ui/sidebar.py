@@ -8,6 +8,7 @@ import streamlit as st
 
 from engine.spec.config import ConfigError, ModelArgs, config_from_dict, load_config
 from engine.spec.presets import list_presets
+
 from ..arch.model_view import ModelView, build_view
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 

@@ -1,20 +1,22 @@
-"""Kernel-backed variants of Block, MoE and Engram: same parameters and trace calls, Triton launches inside."""
+"""Kernel-backed variants of Block, Gate, MoE and Engram: same parameters and trace calls, Triton launches inside."""
 from __future__ import annotations
 
 import torch
 
+from ..kernels import launch
 from ..model.block import Block
 from ..model.draft import DraftStage
 from ..model.engram import Engram
 from ..model.mhc import stochastic_error
-from ..model.moe import MoE
-from ..model.norm import upcast
-from . import launch
+from ..model.moe import Gate
+from .fast_moe import FastMoE
 
 
 def _reference_needed(*tensors: torch.Tensor) -> bool:
-    """Autograd (training) and meta tensors take the PyTorch path: the kernels have no backward and no shapes-only mode."""
-    return any(t.is_meta for t in tensors) or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    """Autograd (training) and float64 take the PyTorch path: the kernels have no backward and compute in fp32."""
+    if any(t.dtype == torch.float64 for t in tensors):
+        return True
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class KernelBlock(Block):
@@ -32,7 +34,7 @@ class KernelBlock(Block):
             ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
 
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx):
-        if _reference_needed(x, self.hc_attn_fn) or x.dtype == torch.float64:
+        if _reference_needed(x, self.hc_attn_fn):
             return super().forward(x, pre_in, ctx)
         _, a_pre, a_post, a_comb, c = launch.mhc_seam(x, carry=pre_in, **self._site("attn"))
         self._record(ctx, "attn", a_pre, a_post, a_comb)
@@ -52,32 +54,32 @@ class KernelDraftStage(DraftStage, KernelBlock):
     """A DSpark drafter stage (its extra heads untouched) whose block forward is KernelBlock's."""
 
 
-class KernelMoE(MoE):
-    """Router in one launch; routed experts as three launches over expert-sorted tiles (any token count)."""
+class KernelGate(Gate):
+    """The router in one launch: scores, selection bias, top-k, renormalisation and scale."""
 
     def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
-        if _reference_needed(x, self.gate.weight) or x.dtype == torch.float64:
+        if _reference_needed(x, self.weight):
             return super().forward(x, vision)
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])                                       # [N, dim]
-        g = self.gate
-        weights, ids, scores = launch.route(
-            flat, g.weight, g.bias, topk=g.topk, temp=g.temp, route_scale=g.route_scale, normalize=g.norm_topk,
-            bias_vl=None if vision is None else g.bias_vl, vision=None if vision is None else vision.reshape(-1))
+        return launch.route(x, self.weight, self.bias, topk=self.topk, temp=self.temp, route_scale=self.route_scale,
+                            normalize=self.norm_topk, bias_vl=None if vision is None else self.bias_vl, vision=vision)
+
+
+class KernelMoE(FastMoE):
+    """MoE.forward (its gate a KernelGate) with the routed experts as three launches over expert-sorted tiles,
+    any token count, no host sync; FastMoE's paths where the kernels do not apply."""
+
+    def routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if _reference_needed(x, self.gate.weight):
+            return super().routed_experts(x, weights, ids)
         w1, w2, w3 = self.stacked()
-        y = launch.moe_experts(flat, weights, ids, w1, w2, w3, limit=self.limit,
-                               act_quant=self.experts[0].w1.act_quant)
-        y = y + upcast(self.shared_experts(flat))
-        k = ids.size(-1)
-        return y.to(x.dtype).view(shape), (weights.view(*shape[:-1], k), ids.view(*shape[:-1], k),
-                                           scores.view(*shape[:-1], k))
+        return launch.moe_experts(x, weights, ids, w1, w2, w3, limit=self.limit, act_quant=self.experts[0].w1.act_quant)
 
 
 class KernelEngram(Engram):
     """Row gather and gate-and-add as kernels; the wkv projection between them stays a (cuBLAS) linear."""
 
     def forward(self, h: torch.Tensor, row_ids: torch.Tensor, live: torch.Tensor | None):
-        if _reference_needed(h, self.embed.weight) or h.dtype == torch.float64:
+        if _reference_needed(h, self.embed.weight):
             return super().forward(h, row_ids, live)
         table = self.embed.weight
         rows = launch.engram_gather(table, row_ids.to(table.device))         # [B, S, cols·head_dim]

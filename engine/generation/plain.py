@@ -1,0 +1,84 @@
+"""Plain generation: prefill each prompt into its cache row, then batched decode with per-row positions."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from ..model.sampling import SamplingParams, draw, make_generators, probabilities
+from ..trace import Trace
+from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
+
+
+@torch.inference_mode()
+def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] | None = None,
+             stop_tokens: Sequence[int] = (EOS_ID,), on_token: OnToken | None = None, trace: Trace | None = None,
+             token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False) -> GenerationResult:
+    """Generate up to max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
+    output does not depend on its batch companions. token_text labels tokens in the trace. cuda_graphs:
+    decode steps go through an engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on
+    the CPU the same static body runs eagerly); prefill stays eager."""
+    args = model.args
+    check_max_new_tokens(max_new_tokens)
+    params = SamplingParams(float(temperature), top_k, float(top_p))
+    prompts = check_prompts(prompts, args.vocab_size, args.max_seq_len)
+    n = len(prompts)
+    seeds = row_seeds(seed, n)
+    device = next(model.parameters()).device
+    generators = make_generators(seeds, device)
+    max_len = min(args.max_seq_len, max(len(p) for p in prompts) + max_new_tokens)
+    # with graphs, one extra cache row takes the padding rows of a batch bucket
+    cache = model.new_cache(n + 1 if cuda_graphs else n, max_len)
+    decoder = None
+    if cuda_graphs:
+        from ..graphs import GraphedDecoder
+        decoder = GraphedDecoder(model, cache, scratch_row=n)
+    result = GenerationResult.for_prompts(prompts)
+    out = Emitter(result, max_new_tokens, args.max_seq_len, stop_tokens, trace, token_text, on_token)
+
+    # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
+    last_logits, last_time = [], []
+    for row, ids in enumerate(prompts):
+        out.record_prompt(row, ids)
+        t0 = time.perf_counter()
+        logits = model(torch.tensor([ids], device=device), cache, rows=torch.tensor([row], device=device),
+                       trace=trace, logits="last").logits  # [1, V]
+        last_time.append(elapsed(t0, device))
+        last_logits.append(logits)
+    result.prefill_s = sum(last_time)
+    if max_new_tokens == 0:
+        result.finish_reasons = ["length"] * n
+        return result
+
+    active = list(range(n))
+    logits = torch.cat(last_logits)  # [n, V]
+    times = last_time
+    for step in range(max_new_tokens):
+        if params.greedy:
+            chosen, probs = logits.argmax(-1), [1.0] * len(active)
+        else:
+            dist = probabilities(logits, params)  # [A, V]
+            chosen = draw(dist, [generators[r] for r in active])
+            probs = dist.gather(-1, chosen[:, None]).squeeze(-1).tolist()
+        still = []
+        for i, row in enumerate(active):
+            pos = len(prompts[row]) + len(result.tokens[row])
+            if out.emit(row, pos, int(chosen[i]), step, times[i], logits[i], probs[i]):
+                still.append(row)
+        active = still
+        if not active:
+            break
+        # Decode: the last token of every unfinished row, each at its own position.
+        t0 = time.perf_counter()
+        if decoder is not None:
+            logits = decoder.step(torch.tensor([[result.tokens[r][-1]] for r in active]), active, trace).logits
+        else:
+            last = torch.tensor([[result.tokens[r][-1]] for r in active], device=device)  # [A, 1]
+            logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last").logits
+        dt = elapsed(t0, device)
+        result.step_times.append(dt)
+        result.decode_s += dt
+        times = [dt] * len(active)
+    return result

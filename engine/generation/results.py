@@ -1,0 +1,135 @@
+"""What both decoding loops share: result types, request checks, row seeds, timing and the per-token emit."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..spec.errors import InputError
+from ..text.tokenizer import EOS_ID
+from ..trace import Trace
+
+__all__ = ["EOS_ID", "Emitter", "GenerationResult", "OnToken", "StepInfo", "check_max_new_tokens",
+           "check_prompts", "elapsed", "row_seeds"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What the on_token callback learns with each token."""
+    step: int            # 0 = the token chosen from the prefill logits
+    pos: int             # the position the token occupies
+    time_s: float        # wall time of the forward that produced it
+    prob: float          # its probability under the distribution it was drawn from
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]                 # new tokens per prompt (stop tokens not included)
+    finish_reasons: list[str]               # "stop" | "length" | "max_seq_len" per prompt
+    prompt_lengths: list[int]
+    prefill_s: float = 0.0                  # all prompts' prefill forwards
+    decode_s: float = 0.0                   # all batched decode forwards
+    step_times: list[float] = field(default_factory=list)  # one per decode forward
+
+    @classmethod
+    def for_prompts(cls, prompts: Sequence[Sequence[int]]):
+        """An empty result, one row per prompt."""
+        return cls([[] for _ in prompts], [""] * len(prompts), [len(p) for p in prompts])
+
+    @property
+    def n_new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return sum(self.prompt_lengths) / self.prefill_s if self.prefill_s > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens after the first of each row (those came from prefill) per second of decode."""
+        decoded = sum(max(len(t) - 1, 0) for t in self.tokens)
+        return decoded / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+OnToken = Callable[[int, int, StepInfo], None]
+
+
+def check_max_new_tokens(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InputError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len: int) -> list[list[int]]:
+    """The prompts as lists of ints, refused with a message naming the prompt when one cannot be run."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise InputError("generate: prompts must be a non-empty list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        ids = [int(t) for t in p]
+        if not ids:
+            raise InputError(f"generate: prompt {i} is empty; give at least one token (e.g. BOS = 0)")
+        if len(ids) > max_seq_len:
+            raise InputError(f"generate: prompt {i} has {len(ids)} tokens, more than the model's "
+                             f"max_seq_len of {max_seq_len}")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InputError(f"generate: prompt {i} has token id(s) {bad[:5]} outside 0..{vocab_size - 1}")
+        out.append(ids)
+    return out
+
+
+def row_seeds(seed: int | Sequence[int] | None, n: int) -> list[int | None]:
+    """One sampling seed per row: seed + i for an int, the given list as is, random without a seed."""
+    if seed is None:
+        return [int(torch.randint(0, 2**62, ())) for _ in range(n)]
+    if isinstance(seed, int):
+        return [seed + i for i in range(n)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n:
+        raise InputError(f"generate: {len(seeds)} seeds for {n} prompts")
+    return seeds
+
+
+def elapsed(t0: float, device: torch.device) -> float:
+    """Seconds since t0 (time.perf_counter), after the device's queued work has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+class Emitter:
+    """Commits tokens to a result the same way for every loop: stop check, append, trace, callback, finish."""
+
+    def __init__(self, result: GenerationResult, max_new_tokens: int, max_seq_len: int, stop_tokens: Sequence[int],
+                 trace: Trace | None, token_text: Callable[[int], str] | None, on_token: OnToken | None):
+        self.result, self.max_new_tokens, self.max_seq_len = result, max_new_tokens, max_seq_len
+        self.stop = {int(t) for t in stop_tokens}
+        self.trace, self.on_token = trace, on_token
+        self.text_of = token_text or (lambda t: "")
+
+    def record_prompt(self, row: int, ids: list[int]) -> None:
+        if self.trace is not None:
+            self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
+
+    def emit(self, row: int, pos: int, token: int, step: int, time_s: float, logits: torch.Tensor,
+             prob: float) -> bool:
+        """Append one token at `pos`; False when the row is finished (a stop token is not appended)."""
+        res = self.result
+        if token in self.stop:
+            res.finish_reasons[row] = "stop"
+            return False
+        res.tokens[row].append(token)
+        if self.trace is not None:
+            self.trace.record_token(row, pos, token, self.text_of(token), step=step, step_time_s=time_s,
+                                    logits=logits)
+        if self.on_token is not None:
+            self.on_token(row, token, StepInfo(step, pos, time_s, prob))
+        if len(res.tokens[row]) >= self.max_new_tokens:
+            res.finish_reasons[row] = "length"
+        elif pos + 1 >= self.max_seq_len:
+            res.finish_reasons[row] = "max_seq_len"
+        else:
+            return True
+        return False

@@ -1,0 +1,79 @@
+"""The speed transforms as functions of a built model: the PyTorch speed paths, the Triton swap, both per options."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model.block import Block
+from ..model.draft import DraftStage
+from ..model.engram import Engram
+from ..model.moe import Gate, MoE
+from ..spec.errors import InputError
+from .fast_moe import FastMoE
+from .kernel_modules import KernelBlock, KernelDraftStage, KernelEngram, KernelGate, KernelMoE
+from .sinkhorn import fast_sinkhorn
+
+BACKENDS = ("torch", "triton")
+# PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
+KERNEL_CLASSES = {Block: KernelBlock, DraftStage: KernelDraftStage, Gate: KernelGate, FastMoE: KernelMoE,
+                  Engram: KernelEngram}
+# kernel-backed class → what remove_kernels leaves: the reference, except that the MoE keeps its speed paths
+UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,
+              KernelEngram: Engram}
+
+
+def prepare_for_inference(model: nn.Module) -> nn.Module:
+    """What every place that builds a model for use calls: the transforms model.options asks for (kernels
+    "torch": the PyTorch speed paths; "triton": those and the Triton kernels). Returns `model`, changed in place."""
+    apply_speedups(model)
+    if model.options.kernels == "triton":
+        apply_kernels(model, "triton")
+    return model
+
+
+def apply_speedups(model: nn.Module) -> nn.Module:
+    """The PyTorch speed paths, in place: every reference MoE becomes a FastMoE (dense, gathered or sorted
+    experts per call) and every block's Sinkhorn runs in numpy on the CPU. Same parameters and state dict,
+    same results up to float rounding; with autograd on, the reference code runs. Idempotent; returns `model`."""
+    for module in model.modules():
+        if type(module) is MoE:
+            FastMoE.adopt(module)
+        if isinstance(module, Block):
+            module.sinkhorn = fast_sinkhorn
+    return model
+
+
+def apply_kernels(model: nn.Module, backend: str | None = None) -> nn.Module:
+    """Switch `model` in place to `backend` ("triton" or "torch"; default: model.options.kernels) and return it.
+    The parameters, state dict and trace calls are unchanged; only the forward code of the modules differs.
+    With autograd on, or for a float64 model, the kernel modules run the PyTorch code."""
+    backend = backend or getattr(getattr(model, "options", None), "kernels", "torch")
+    if backend not in BACKENDS:
+        raise InputError(f"unknown kernels backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return remove_kernels(model)
+    from ..kernels.runtime import require
+    require(next(model.parameters()).device)
+    if next(model.parameters()).dtype == torch.float64:
+        raise InputError("Triton kernels compute in fp32: build the model in float32, bfloat16 or float16, "
+                         "not float64")
+    apply_speedups(model)
+    for module in model.modules():
+        kernel_cls = KERNEL_CLASSES.get(type(module))
+        if kernel_cls is not None:
+            module.__class__ = kernel_cls
+    return model
+
+
+def remove_kernels(model: nn.Module) -> nn.Module:
+    """Undo apply_kernels: every kernel-backed module returns to its PyTorch class."""
+    for module in model.modules():
+        cls = UNKERNELED.get(type(module))
+        if cls is not None:
+            module.__class__ = cls
+    return model
+
+
+def active_backend(model: nn.Module) -> str:
+    """'triton' if any module of `model` runs kernels, else 'torch'."""
+    return "triton" if any(type(m) in UNKERNELED for m in model.modules()) else "torch"

@@ -1,0 +1,42 @@
+"""The CLI turns the engine's own errors into `error: ...` and exit 2, and lets every other exception through."""
+from __future__ import annotations
+
+import pytest
+
+from engine import cli
+from engine.checkpoint.store import CheckpointError
+from engine.commands import info as info_command
+from engine.kernels.runtime import KernelInputError
+from engine.spec.errors import ConfigError, EngineError, InputError, MissingFileError
+from engine.trace import TraceFormatError
+
+
+@pytest.mark.parametrize("cls", [ConfigError, CheckpointError, KernelInputError, TraceFormatError, InputError,
+                                 MissingFileError])
+def test_every_bad_input_error_derives_from_one_base(cls):
+    assert issubclass(cls, EngineError)
+
+
+def run_with(monkeypatch, exc: BaseException) -> int:
+    def failing_run(args):
+        raise exc
+    monkeypatch.setattr(info_command, "run", failing_run)  # main() builds its parser afresh, taking this run
+    return cli.main(["info", "tiny-v4.1"])
+
+
+@pytest.mark.parametrize("exc", [InputError("bad prompt"), ConfigError("bad key"), MissingFileError("no file"),
+                                 PermissionError("cannot write out.json")])
+def test_bad_input_exits_2_with_the_message(monkeypatch, capsys, exc):
+    assert run_with(monkeypatch, exc) == 2
+    assert capsys.readouterr().err == f"error: {exc}\n"
+
+
+@pytest.mark.parametrize("exc", [ValueError("an internal shape bug"), KeyError("missing"), RuntimeError("bug")])
+def test_a_bug_is_not_dressed_up_as_bad_input(monkeypatch, exc):
+    with pytest.raises(type(exc)):
+        run_with(monkeypatch, exc)
+
+
+def test_a_real_bad_argument_still_exits_2(capsys):
+    assert cli.main(["info", "no-such-preset"]) == 2
+    assert "neither a config file nor a preset" in capsys.readouterr().err
