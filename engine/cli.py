@@ -8,7 +8,8 @@ import sys
 from .spec.errors import EngineError
 
 # One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
-COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations")
+COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations",
+            "plan", "quantize")
 
 
 def build_parser() -> argparse.ArgumentParser:

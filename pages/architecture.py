@@ -18,3 +18,4 @@ with right:
     with st.container(border=True, key="details_panel"):
         architecture_page.details(view, state.node)
 architecture_page.accounting_tabs(view)
+architecture_page.memory_plan_section(view)

@@ -35,6 +35,11 @@ SLOW = {
     "test_graphs.py::test_greedy_dspark_with_graphs_equals_eager": "four speculative runs, twice each [9 s]",
     "test_kernels_engine.py::test_kernel_engine_matches_reference_prefill_and_decode": "Triton interpreter [6 s]",
     "test_kernels_engine.py::test_cli_generate_with_triton_kernels_prints_the_reference_text": "the same [6 s]",
+    # host memory measured on a large official-format checkpoint
+    "test_official_memory.py": "writes a 257 MiB and a 1 GiB official checkpoint, loads and generates from them in "
+                               "fresh processes, measuring RSS [11 s + 35 s]",
+    "test_app_inspect.py::test_an_official_fp8_folder_is_picked_and_generates":
+        "quantizes the shipped model, then loads and generates from it in the page [10 s]",
 }
 
 

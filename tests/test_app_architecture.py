@@ -110,3 +110,21 @@ def test_upload_parsing_names_the_problem():
         parse_upload("partial.json", b'{"dim": 64}')
     with open(list_presets()["tiny-v4.1"], "rb") as f:
         assert parse_upload("mine.json", f.read()).n_layers == 10
+
+
+def test_memory_plan_panel_follows_the_hardware_inputs():
+    at = app()
+    assert not at.exception, at.exception
+    assert at.subheader[-1].value == "Memory plan"
+    summary = at.success[0].value
+    assert summary.startswith("deepseek-v4.1-flash at 128k context × batch 1 on 8 × 141 GiB needs") and summary.endswith(": fits")
+    placement = at.dataframe[-2].value.set_index("part")
+    assert placement.loc["total weights", "checkpoint bytes"] == 509_315_486_040   # = the accounting layer's
+    assert placement.loc["Engram tables", "where"] == "host (shard files)"
+    at.number_input(key="plan_gpus").set_value(1).run()
+    at.number_input(key="plan_gpu_mem").set_value(80.0).run()
+    assert not at.exception
+    plan_warning = [w.value for w in at.warning if "on 1 × 80 GiB needs" in w.value]
+    assert plan_warning and plan_warning[0].endswith(": does not fit")
+    devices = at.dataframe[-1].value
+    assert devices["device"].tolist() == ["GPU 0", "host"] and devices["verdict"][0].startswith("does not fit: needs")

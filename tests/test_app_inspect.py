@@ -130,3 +130,20 @@ def test_inspect_sidebar_shows_the_model_to_run_not_the_diagram_config():
     assert not at.exception
     keys = {w.key for w in at.sidebar.selectbox}
     assert "inspect_model" in keys and "config_widget" not in keys
+
+
+def test_an_official_fp8_folder_is_picked_and_generates(tmp_path, monkeypatch):
+    """The shipped model converted by `engine quantize` (FP8 / MXFP4 shards), offered by the picker and run."""
+    from engine.checkpoint.official_writer import write_official
+    from v41viz.ui import engine_session
+    shelf = tmp_path / "checkpoints"
+    write_official(Path(APP).parent / "checkpoints" / "default", shelf / "default-fp8", shards=2)
+    choices = engine_session.model_choices(shelf)
+    monkeypatch.setattr(engine_session, "model_choices", lambda: choices)
+    at = generate(inspect_page(model="checkpoint:default-fp8"), prompt="ROMEO:", max_new=8)
+    assert not at.exception, at.exception
+    assert at.selectbox(key="inspect_model").value == "checkpoint:default-fp8"
+    assert "status **done** (length)" in text_of(at)
+    assert {m.label: m.value for m in at.metric}["new tokens"] == "8"
+    assert "default-fp8 (official FP8/FP4 checkpoint)" in at.selectbox(key="inspect_model").options
+    assert any(m.value.startswith("**checkpoint:default-fp8** · 8 layers") for m in at.markdown)

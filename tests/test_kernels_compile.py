@@ -23,7 +23,8 @@ def test_all_kernels_compile_for_sm90():
         pytest.skip(run.stderr.strip())
     assert run.returncode == 0, f"compile check failed:\n{run.stdout}\n{run.stderr}"
     compiled = [line.split()[0:2] for line in run.stdout.splitlines() if "cubin" in line]
-    names = {"mhc_seam", "router", "moe_gate_up", "moe_down", "moe_combine", "engram_gather", "engram_gate_add"}
+    names = {"mhc_seam", "router", "moe_gate_up", "moe_down", "moe_combine", "engram_gather", "engram_gate_add",
+             "act_quant", "fp8_gemm", "fp4_expert_gemm"}
     want = [[n, "bf16"] for n in names] + [["moe_gate_up", "f32"], ["moe_down", "f32"]]
     assert sorted(compiled) == sorted(want), run.stdout
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.quant.formats import (dequantize_engram_rows, dequantize_fp4, dequantize_fp8, quantize_engram_rows,
-                                  quantize_fp4, quantize_fp8, unpack_fp4, weight_scale)
+from engine.quant.formats import (
+    dequantize_engram_rows,
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_engram_rows,
+    quantize_fp4,
+    quantize_fp8,
+    unpack_fp4,
+    weight_scale,
+)
 from engine.spec.errors import InputError
 
 

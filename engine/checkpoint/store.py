@@ -9,6 +9,8 @@ import torch
 
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError, MissingFileError
+from .errors import CheckpointError
+from .official_layout import official_folder
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -20,10 +22,6 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Tensors the official checkpoint ships in F32 whatever the storage precision (spec §2.3).
 FP32_SUFFIXES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
                  "attn.attn_sink", "ffn.gate.bias", "ffn.gate.bias_vl")
-
-
-class CheckpointError(InputError):
-    """A checkpoint that does not fit the model or is not a readable safetensors file."""
 
 
 def save_checkpoint(model: torch.nn.Module, path: str | Path, extra_metadata: dict[str, str] | None = None,
@@ -59,6 +57,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
     apply the speed transforms its options ask for (engine.speedups.prepare_for_inference)."""
     from ..model import Transformer
     from ..speedups import prepare_for_inference
+    if official_folder(path) is not None:  # FP8 / FP4 shards with an index: read lazily, kept quantized
+        from .official_load import load_official_model
+        return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
     args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     load_weights(model, path)
@@ -66,8 +67,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
 
 
 def config_beside(path: str | Path) -> Path:
-    """The config.json that save_checkpoint writes next to the weights."""
-    found = checkpoint_files(path)[0].parent / "config.json"
+    """The config.json that save_checkpoint writes next to the weights (or that an official folder holds)."""
+    found = _weights_folder(path) / "config.json"
     if not found.is_file():
         raise CheckpointError(f"{path}: no config.json beside the weights; pass the model config explicitly")
     return found
@@ -77,7 +78,7 @@ def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
     """The IdMap of a reduced-vocabulary checkpoint (id_map.json beside the weights), or None for a
     full-vocabulary one. CheckpointError if its size differs from the config's vocab_size."""
     from ..text.vocab import ID_MAP_NAME, IdMap
-    file = checkpoint_files(path)[0].parent / ID_MAP_NAME
+    file = _weights_folder(path) / ID_MAP_NAME
     if not file.is_file():
         return None
     id_map = IdMap.load(file, tokenizer)
@@ -85,6 +86,12 @@ def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
         raise CheckpointError(f"{file} lists {id_map.vocab_size} token ids but the checkpoint's config has "
                               f"vocab_size {vocab_size}; the id map belongs to another model")
     return id_map
+
+
+def _weights_folder(path: str | Path) -> Path:
+    """The folder holding the weights `path` names; an official-format folder is taken as it is, so that a
+    missing shard is reported by its loader, with the tensors it holds."""
+    return official_folder(path) or checkpoint_files(path)[0].parent
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:

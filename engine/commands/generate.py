@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..dspark.config import SCHEDULES
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
     weights = parser.add_mutually_exclusive_group()
-    weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index "
+    weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index; "
+                                              "an official-format folder (FP8/FP4 shards, config.json with a "
+                                              "quantization_config, e.g. from `engine quantize`) loads quantized "
                                               f"(default: the shipped {DEFAULT_CHECKPOINT.name}/ checkpoint)")
     weights.add_argument("--random-init", action="store_true", help="seeded random weights (needs --config)")
     parser.add_argument("--seed", type=int, default=0, help="weight-init seed, and the sampling seed (default 0)")

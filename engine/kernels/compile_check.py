@@ -6,13 +6,14 @@ import os
 import sys
 import time
 
-P = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i64": "*i64", "i8": "*i8"}
+P = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i64": "*i64", "i8": "*i8", "u8": "*u8", "fp8": "*fp8e4nv"}
 
 
 def cases(act: str):
     """(kernel name, pointer/scalar types of the non-constexpr arguments, constexprs) at V4.1-Flash's block sizes,
     for activations/weights of type `act` ("bf16", "f16" or "f32"). For f32 only the matmul kernels: their
-    tl.dot lowers differently (IEEE fp32); the others only change load/store types."""
+    tl.dot lowers differently (IEEE fp32); the others only change load/store types (the FP8/FP4 GEMMs always
+    multiply FP8 operands)."""
     a, f, i = P[act], P["f32"], P["i64"]
     precision = "ieee" if act == "f32" else "tf32"
     all_cases = [
@@ -26,16 +27,21 @@ def cases(act: str):
         ("moe_combine", [f, i, f, "i32"], dict(K=6, BLOCK_D=256)),
         ("engram_gather", [a, i, a, "i32", "i32"], dict(BLOCK_C=32, BLOCK_H=256)),
         ("engram_gate_add", [a, a, a, a, P["i8"], a, f, "i32", "fp32", "fp32"], dict(HC=4, BLOCK_D=128, HAS_LIVE=True)),
+        ("act_quant", [a, P["fp8"], f, "i32", "i32"], dict(BLOCK_R=1, BLOCK_G=16)),
+        ("fp8_gemm", [P["fp8"], f, P["fp8"], P["u8"], a, "i32", "i32", "i32"], dict(BLOCK_M=64, BLOCK_N=128)),
+        ("fp4_expert_gemm", [P["fp8"], f, i, P["u8"], P["u8"], a, i, i, i, "i32", "i32"],
+         dict(BLOCK_M=16, BLOCK_N=128, GATHER=True)),
     ]
     return [c for c in all_cases if act != "f32" or c[0] in ("moe_gate_up", "moe_down")]
 
 
 def kernels() -> dict:
-    from . import engram, mhc_seam, moe_experts, router
+    from . import engram, fp4_gemm, fp8_gemm, mhc_seam, moe_experts, router
     return {"mhc_seam": mhc_seam.mhc_seam_kernel, "router": router.router_kernel,
             "moe_gate_up": moe_experts.moe_gate_up_kernel, "moe_down": moe_experts.moe_down_kernel,
             "moe_combine": moe_experts.moe_combine_kernel, "engram_gather": engram.engram_gather_kernel,
-            "engram_gate_add": engram.engram_gate_add_kernel}
+            "engram_gate_add": engram.engram_gate_add_kernel, "act_quant": fp8_gemm.act_quant_kernel,
+            "fp8_gemm": fp8_gemm.fp8_gemm_kernel, "fp4_expert_gemm": fp4_gemm.fp4_expert_gemm_kernel}
 
 
 def compile_all(arch: int, dtypes: list[str]) -> list[str]:

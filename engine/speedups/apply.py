@@ -8,18 +8,20 @@ from ..model.block import Block
 from ..model.draft import DraftStage
 from ..model.engram import Engram
 from ..model.moe import Gate, MoE
+from ..quant.modules import FP4Linear, FP8Linear
 from ..spec.errors import InputError
 from .fast_moe import FastMoE
 from .kernel_modules import KernelBlock, KernelDraftStage, KernelEngram, KernelGate, KernelMoE
+from .kernel_quant import KernelFP4Linear, KernelFP8Linear
 from .sinkhorn import fast_sinkhorn
 
 BACKENDS = ("torch", "triton")
 # PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
 KERNEL_CLASSES = {Block: KernelBlock, DraftStage: KernelDraftStage, Gate: KernelGate, FastMoE: KernelMoE,
-                  Engram: KernelEngram}
+                  Engram: KernelEngram, FP8Linear: KernelFP8Linear, FP4Linear: KernelFP4Linear}
 # kernel-backed class → what remove_kernels leaves: the reference, except that the MoE keeps its speed paths
 UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,
-              KernelEngram: Engram}
+              KernelEngram: Engram, KernelFP8Linear: FP8Linear, KernelFP4Linear: FP4Linear}
 
 
 def prepare_for_inference(model: nn.Module) -> nn.Module:

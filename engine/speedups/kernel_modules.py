@@ -79,7 +79,8 @@ class KernelEngram(Engram):
     """Row gather and gate-and-add as kernels; the wkv projection between them stays a (cuBLAS) linear."""
 
     def forward(self, h: torch.Tensor, row_ids: torch.Tensor, live: torch.Tensor | None):
-        if _reference_needed(h, self.embed.weight):
+        # a host-resident table (engine.quant) gathers its own rows: there is no device table to index
+        if getattr(self.embed, "host_resident", False) or _reference_needed(h, self.embed.weight):
             return super().forward(h, row_ids, live)
         table = self.embed.weight
         rows = launch.engram_gather(table, row_ids.to(table.device))         # [B, S, cols·head_dim]

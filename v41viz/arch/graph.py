@@ -95,7 +95,7 @@ def _attn_label(role: LayerRole) -> str:
 
 def _add_drafter(g, node, args: ModelArgs) -> None:
     n = args.n_layers
-    first, last = f"mtp.0", f"mtp.{args.n_draft_stages - 1}"
+    first, last = "mtp.0", f"mtp.{args.n_draft_stages - 1}"
     g.add_edge("embed", f"{first}.hc_attn", kind="flow")  # draft ids are embedded with the shared table
     for s in range(1, args.n_draft_stages):
         _link(g, f"mtp.{s - 1}.ffn", f"mtp.{s}.hc_attn")

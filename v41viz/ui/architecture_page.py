@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.spec.errors import InputError
+from engine.spec.memory_plan import WORKING_FORMULA, Hardware, memory_plan
+
 from ..arch import accounting_panels as panels
+from ..arch import plan_panels
 from ..arch.details import display_table, human, node_details
 from ..arch.diagram import build_figure
 from ..arch.layout import build_layout
@@ -180,3 +184,35 @@ def accounting_tabs(view: ModelView) -> None:
     with t5:
         st.plotly_chart(panels.experts_touched_figure(a), width="stretch", config={"displayModeBar": False})
         st.caption("Closed form E·(1−(1−k/E)^B) for uniform routing; measured curves appear once traces are loaded.")
+
+
+def memory_plan_section(view: ModelView) -> None:
+    """The memory plan of the selected config for the hardware typed in (same numbers as `python -m engine plan`)."""
+    st.subheader("Memory plan")
+    st.caption("Where the checkpoint, the KV caches and the working buffers go when this config is served on N GPUs "
+               "(engine.spec.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
+               "data; the weight bytes are the exact checkpoint bytes, the working buffers an estimate.")
+    d, cols = Hardware(), st.columns(5)
+    gpus = cols[0].number_input("GPUs", 1, 256, d.gpus, key="plan_gpus")
+    gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, d.gpu_mem_gib, step=1.0, key="plan_gpu_mem")
+    host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, d.host_mem_gib, step=64.0, key="plan_host_mem")
+    context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, d.context, step=1024, key="plan_context")
+    batch = cols[4].number_input("batch (sequences)", 1, 4096, d.batch, key="plan_batch")
+    try:
+        plan = memory_plan(view.args, Hardware(gpus=int(gpus), gpu_mem_gib=float(gpu_mem),
+                                               host_mem_gib=float(host_mem), context=int(context), batch=int(batch)))
+    except InputError as e:
+        st.warning(f"No plan for these inputs: {e}")
+        return
+    (st.success if plan.fits else st.warning)(plan.summary())
+    st.plotly_chart(plan_panels.device_figure(plan), width="stretch", config={"displayModeBar": False})
+    left, right = st.columns([0.72, 0.28])
+    table = plan_panels.placement_table(plan)
+    left.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1),
+                   column_config={"checkpoint bytes": st.column_config.NumberColumn(format="%d")})
+    right.dataframe(plan_panels.device_table(plan), hide_index=True, width="stretch")
+    with st.expander("How the plan is made", expanded=False):
+        st.markdown("\n".join(f"- {note}" for note in plan.notes))
+        st.markdown("**Working buffers per GPU**: " + ", ".join(
+            f"{k} {human(v, 'B')}" for k, v in plan.working.items()))
+        st.code("\n".join(WORKING_FORMULA), language=None)

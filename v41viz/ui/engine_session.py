@@ -12,6 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.checkpoint.official_layout import official_folder
 from engine.spec.accounting import account
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.presets import list_presets
@@ -35,11 +36,18 @@ class ModelChoice:
     def label(self) -> str:
         if self.checkpoint is None:
             return f"{self.key} (random weights, seed {WEIGHT_SEED})"
-        return f"{self.key.removeprefix(CHECKPOINT_PREFIX)} (trained checkpoint)"
+        kind = "official FP8/FP4 checkpoint" if self.official else "trained checkpoint"
+        return f"{self.key.removeprefix(CHECKPOINT_PREFIX)} ({kind})"
+
+    @property
+    def official(self) -> bool:
+        """A folder in the released checkpoint's format (FP8/FP4 shards, index, quantization_config)."""
+        return self.checkpoint is not None and official_folder(self.checkpoint) is not None
 
 
 def model_choices(checkpoints: Path = CHECKPOINTS) -> dict[str, ModelChoice]:
-    """Every checkpoints/*/ directory with a config.json, then the V4.1-family presets small enough to run."""
+    """Every checkpoints/*/ directory with a config.json (this project's checkpoints and official-format
+    folders alike), then the V4.1-family presets small enough to run."""
     out: dict[str, ModelChoice] = {}
     if checkpoints.is_dir():
         for d in sorted(p for p in checkpoints.iterdir() if (p / "config.json").is_file()):

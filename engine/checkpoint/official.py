@@ -1,0 +1,216 @@
+"""Reading the official checkpoint format lazily: the shard index, every tensor checked against tensor_inventory
+before anything is copied, shards read memory-mapped one at a time, host-resident tables as RowSources."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..spec.config import ModelArgs, load_config
+from ..spec.errors import InputError
+from ..spec.inventory import TensorSpec
+from .errors import CheckpointError
+from .official_layout import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, official_folder, weight_name
+
+# safetensors dtype code → torch dtype, for every code the official inventory uses
+TORCH_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
+                "BF16": torch.bfloat16, "F32": torch.float32, "I64": torch.int64}
+FLOAT_TARGETS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+REOPEN_FLOOR = 16 << 20   # bytes read through one mapping before it is dropped, at least
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where one checked tensor lives."""
+    spec: TensorSpec
+    shard: Path
+
+
+class ShardRows:
+    """The RowSource (engine.quant.host_engram) of one host-resident tensor in a shard (an Engram table or its
+    scales): each row asked for is read with a positioned read (os.pread) at its offset in the shard, so only
+    those bytes pass through the page cache and nothing of the table enters the process's resident set. (A
+    memory map would not do: Linux maps a touched file page's whole page-cache folio, up to 2 MiB, so random
+    rows of a memory-mapped table fill the resident set with most of the table.)"""
+
+    def __init__(self, shard: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype):
+        self.shard, self.name, self.shape, self.dtype = shard, name, tuple(shape), dtype
+        self.row_bytes = math.prod(self.shape[1:]) * torch.empty((), dtype=dtype).element_size()
+        self._file = None
+        self._start = 0
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids LongTensor [...] of row numbers → Tensor [..., cols] (CPU, this source's dtype)."""
+        flat = ids.reshape(-1).cpu()                                           # [N]
+        if flat.numel() == 0:
+            return torch.empty(*ids.shape, *self.shape[1:], dtype=self.dtype)
+        if int(flat.min()) < 0 or int(flat.max()) >= self.shape[0]:
+            raise InputError(f"row ids {int(flat.min())}..{int(flat.max())} are outside '{self.name}' "
+                             f"({self.shape[0]} rows, {self.shard.name})")
+        unique, inverse = torch.unique(flat, return_inverse=True)              # each row read once, in file order
+        got = self._read(unique.tolist())                                      # [U, cols]
+        return got[inverse].reshape(*ids.shape, *self.shape[1:])               # [..., cols]
+
+    def _read(self, rows: list[int]) -> torch.Tensor:
+        fd, start, size = self._open(), self._start, self.row_bytes
+        data = bytearray(len(rows) * size)
+        for k, row in enumerate(rows):
+            data[k * size:(k + 1) * size] = os.pread(fd, size, start + row * size)
+        return torch.frombuffer(data, dtype=torch.uint8).view(self.dtype).view(len(rows), *self.shape[1:])
+
+    def _open(self) -> int:
+        """The shard's file descriptor, opened on first use, and where this tensor's bytes start in it."""
+        if self._file is None:
+            file = open(self.shard, "rb", buffering=0)  # noqa: SIM115 (held for the source's lifetime)
+            header_len = int.from_bytes(file.read(8), "little")
+            begin, end = json.loads(file.read(header_len))[self.name]["data_offsets"]
+            if end - begin != self.shape[0] * self.row_bytes:
+                raise CheckpointError(f"'{self.name}' in shard {self.shard.name} holds {end - begin} bytes, not "
+                                      f"{self.shape[0]} rows of {self.row_bytes}")
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around a row
+            self._file, self._start = file, 8 + header_len + begin
+        return self._file.fileno()
+
+    def __getstate__(self) -> dict:  # copies and pickles reopen the file on first use
+        return {**self.__dict__, "_file": None}
+
+    def __repr__(self) -> str:
+        return f"ShardRows({self.name!r} {list(self.shape)} {str(self.dtype).removeprefix('torch.')} in {self.shard.name})"
+
+
+class OfficialCheckpoint:
+    """An official-format folder: config.json (flat or HF composite, with quantization_config), the shard index
+    model.safetensors.index.json (or one model.safetensors), and the shards. Reads headers and tensors lazily."""
+
+    def __init__(self, path: str | Path):
+        folder = official_folder(path)
+        if folder is None:
+            raise CheckpointError(f"{path}: not an official-format checkpoint (its {CONFIG_NAME} has no "
+                                  "quantization_config)")
+        self.folder = folder
+        self.weight_map = self._read_weight_map()                              # name → shard file name
+        self._headers: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {}
+
+    def config(self) -> ModelArgs:
+        return load_config(self.folder / CONFIG_NAME)
+
+    def _read_weight_map(self) -> dict[str, str]:
+        index = self.folder / INDEX_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
+            return weight_map
+        single = self.folder / SINGLE_NAME
+        if single.is_file():
+            return {name: SINGLE_NAME for name in self._header(SINGLE_NAME)}
+        raise CheckpointError(f"{self.folder}: neither {INDEX_NAME} nor {SINGLE_NAME} is there")
+
+    def _header(self, shard: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name → (safetensors dtype code, shape) of one shard, from its header only (cached)."""
+        if shard not in self._headers:
+            from safetensors import SafetensorError, safe_open
+            try:
+                with safe_open(str(self.folder / shard), framework="pt") as f:
+                    slices = {n: f.get_slice(n) for n in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+                    self._headers[shard] = {n: (s.get_dtype(), tuple(s.get_shape())) for n, s in slices.items()}
+            except SafetensorError as e:
+                raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from None
+        return self._headers[shard]
+
+    def locate(self, names: Iterable[str], inventory: dict[str, TensorSpec]) -> dict[str, Located]:
+        """Check every named tensor against its inventory spec (dtype, shape; a scale against its weight) and
+        return where each lives. CheckpointError listing every problem, each naming the tensor and the shard."""
+        problems: list[str] = []
+        found: dict[str, Located] = {}
+        missing_shards: dict[str, list[str]] = {}
+        for name in names:
+            spec = inventory.get(name)
+            if spec is None:
+                problems.append(f"the model needs '{name}', which the official layout of this config does not have")
+                continue
+            shard = self.weight_map.get(name)
+            if shard is None:
+                problems.append(f"'{name}'{_role(spec)} is missing: {INDEX_NAME} maps it to no shard")
+                continue
+            if not (self.folder / shard).is_file():
+                missing_shards.setdefault(shard, []).append(name)
+                continue
+            header = self._header(shard)
+            if name not in header:
+                problems.append(f"'{name}'{_role(spec)} is missing from shard {shard} (the index maps it there)")
+                continue
+            code, shape = header[name]
+            if code != spec.dtype:
+                problems.append(f"'{name}' in shard {shard} is stored as {code}; the official format stores it "
+                                f"as {spec.dtype}")
+            elif shape != spec.shape:
+                problems.append(_shape_problem(name, spec, shape, shard, inventory))
+            else:
+                found[name] = Located(spec, self.folder / shard)
+        for shard, held in missing_shards.items():
+            problems.insert(0, f"shard {shard} is missing from {self.folder}; it holds {_names(held)}")
+        if problems:
+            more = f" (and {len(problems) - 12} more problems)" if len(problems) > 12 else ""
+            raise CheckpointError(f"{self.folder} does not fit the model: " + "; ".join(problems[:12]) + more)
+        return found
+
+    def tensors(self, located: dict[str, Located], budget: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) for the located tensors, shard by shard. Each tensor is a zero-copy view of the
+        memory-mapped shard, valid until the caller drops it; the mapping is dropped and reopened after every
+        `budget` bytes (default: twice the largest tensor, at least 16 MiB) so that the pages already read do
+        not pile up in the resident set."""
+        from safetensors import safe_open
+        budget = budget or max(REOPEN_FLOOR, 2 * max((loc.spec.nbytes for loc in located.values()), default=0))
+        by_shard: dict[Path, list[str]] = {}
+        for name, loc in located.items():
+            by_shard.setdefault(loc.shard, []).append(name)
+        for shard in sorted(by_shard):
+            pending = iter(by_shard[shard])
+            name = next(pending, None)
+            while name is not None:
+                with safe_open(str(shard), framework="pt") as f:
+                    read = 0
+                    while name is not None and read < budget:
+                        yield name, f.get_tensor(name)
+                        read += located[name].spec.nbytes
+                        name = next(pending, None)
+
+    def row_source(self, loc: Located) -> ShardRows:
+        return ShardRows(loc.shard, loc.spec.name, loc.spec.shape, TORCH_DTYPES[loc.spec.dtype])
+
+    def metadata(self) -> dict[str, str]:
+        """The first shard's safetensors metadata (the producer and format); {} when no shard is there."""
+        from safetensors import safe_open
+        shards = [self.folder / s for s in sorted(set(self.weight_map.values())) if (self.folder / s).is_file()]
+        if not shards:
+            return {}
+        with safe_open(str(shards[0]), framework="pt") as f:
+            return dict(f.metadata() or {})
+
+
+def _role(spec: TensorSpec) -> str:
+    return f" (the E8M0 scale of '{weight_name(spec.name)}')" if spec.is_scale else ""
+
+
+def _shape_problem(name: str, spec: TensorSpec, shape: tuple[int, ...], shard: str,
+                   inventory: dict[str, TensorSpec]) -> str:
+    if spec.is_scale:
+        weight = inventory[weight_name(name)]
+        return (f"scale '{name}' in shard {shard} has shape {list(shape)}, but its weight '{weight.name}' "
+                f"{list(weight.shape)} ({weight.dtype}) needs a scale of shape {list(spec.shape)}")
+    return f"'{name}' in shard {shard} has shape {list(shape)}; the config needs {list(spec.shape)}"
+
+
+def _names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -1,0 +1,141 @@
+"""Filling a built model from an official-format checkpoint by name: quantized tensors copied as stored, float
+ones dequantized where the model keeps them in float, host-resident tables attached as RowSources."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..quant.formats import dequantize_fp4, dequantize_fp8
+from ..spec.config import ModelArgs, load_config
+from ..spec.inventory import TensorSpec, inventory_tuple
+from .errors import CheckpointError
+from .official import FLOAT_TARGETS, TORCH_DTYPES, OfficialCheckpoint
+from .official_layout import CONFIG_NAME, QUANTIZED_CODES, scale_block, scale_name
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+
+@dataclass
+class LoadPlan:
+    """What loading an official checkpoint into one model reads: the state-dict names (those to dequantize
+    into a float tensor among them) and, per host-resident module, the names it gets RowSources for."""
+    stored: list[str]
+    dequantized: set[str]
+    host: dict[str, list[str]]
+
+    def needed(self) -> list[str]:
+        return [*self.stored, *(scale_name(n) for n in self.dequantized), *(n for ns in self.host.values() for n in ns)]
+
+
+def plan_load(model: nn.Module, args: ModelArgs) -> LoadPlan:
+    """The LoadPlan of `model` (built, possibly on the meta device: only names, dtypes and shapes are read).
+    CheckpointError if a tensor of the model cannot take what the official layout stores under its name."""
+    inventory = {t.name: t for t in inventory_tuple(args)}
+    host = [prefix for prefix, m in model.named_modules() if getattr(m, "host_resident", False)]
+    state = {n: t for n, t in model.state_dict().items() if not any(n.startswith(p + ".") for p in host)}
+    dequantized, problems = _dequantized(state, inventory)
+    if problems:
+        raise CheckpointError(f"the model does not fit the official layout of its config: {'; '.join(problems[:8])}")
+    host_names = {prefix: [n for n in inventory if n.rpartition(".")[0] == prefix] for prefix in host}
+    return LoadPlan(list(state), dequantized, host_names)
+
+
+def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None = None,
+                  plan: LoadPlan | None = None) -> dict[str, str]:
+    """Fill `model` (default config: model.args) from the official-format checkpoint at `path` by name, reading
+    only the tensors the model holds (engine.quant.apply describes the quantized model's side):
+    * a tensor held in its stored dtype (a quantized linear's FP8 / packed-FP4 weight and E8M0 scale) is copied
+      bit for bit; BF16 / F32 ones land in any float dtype;
+    * a float tensor whose stored form is FP8 or FP4 gets the dequantized weight: `wo_a` (spec §2.4), or every
+      weight of an unquantized reference model (the dequantized run the tests compare with);
+    * every module with `host_resident = True` gets its tensors as RowSources: `module.attach(weight=…, scale=…)`.
+    Every tensor is checked (OfficialCheckpoint.locate) before anything is modified. Returns the metadata."""
+    ckpt = OfficialCheckpoint(path)
+    args = args or model.args
+    plan = plan or plan_load(model, args)
+    inventory = {t.name: t for t in inventory_tuple(args)}
+    located = ckpt.locate(plan.needed(), inventory)
+    state = model.state_dict()
+    with torch.no_grad():
+        scales = {n: t.clone() for n, t in ckpt.tensors({scale_name(n): located[scale_name(n)] for n in plan.dequantized})}
+        for name, stored in ckpt.tensors({n: located[n] for n in plan.stored}):
+            if name in plan.dequantized:
+                stored = _dequantize(name, stored, scales.pop(scale_name(name)), located[name].spec, args)
+            state[name].copy_(stored)
+            del stored  # drop the view so that the mapping's pages can go
+    for prefix, names in plan.host.items():
+        model.get_submodule(prefix).attach(**{n.rpartition(".")[2]: ckpt.row_source(located[n]) for n in names})
+    return ckpt.metadata()
+
+
+def load_official_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
+                        token_map=None, options=None, config: ModelArgs | str | Path | None = None,
+                        quantized: bool = True) -> tuple[ModelArgs, Transformer]:
+    """Build the model an official-format checkpoint describes (config: its config.json unless given) and load
+    it. quantized: weights stay FP8 / FP4 in memory (engine.quant.apply.quantize_model; Engram tables stay
+    memory-mapped on the host); False: an unquantized reference model with every weight dequantized at load.
+    The model is built on the meta device and allocated once, in its final storage: no float copy of a
+    quantized weight ever exists. Then the speed transforms its options ask for (prepare_for_inference)."""
+    from ..model import Transformer
+    from ..speedups import prepare_for_inference
+    ckpt = OfficialCheckpoint(path)
+    args = config if isinstance(config, ModelArgs) else load_config(config or ckpt.folder / CONFIG_NAME)
+    if args.dtype != "fp8":
+        raise CheckpointError(f"{ckpt.folder}: an official-format checkpoint needs a config with dtype fp8 "
+                              f"(its quantization_config), got dtype {args.dtype!r}")
+    model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
+    if quantized:
+        from ..quant.apply import quantize_model
+        quantize_model(model, from_values=False)
+    plan = plan_load(model, args)
+    model.to_empty(device=device)
+    _rebuild_rotary(model, args, device)
+    load_official(model, ckpt.folder, args=args, plan=plan)
+    return args, prepare_for_inference(model)
+
+
+def _dequantized(state: dict[str, torch.Tensor], inventory: dict[str, TensorSpec]) -> tuple[set[str], list[str]]:
+    """The float tensors to dequantize at load, and every way the model's tensors cannot hold the stored ones
+    (names the layout lacks are left to OfficialCheckpoint.locate, which reports them)."""
+    dequantized: set[str] = set()
+    problems: list[str] = []
+    for name, target in state.items():
+        spec = inventory.get(name)
+        if spec is None:
+            continue
+        stored = TORCH_DTYPES.get(spec.dtype)
+        if stored == target.dtype or (spec.dtype in ("BF16", "F32") and target.dtype in FLOAT_TARGETS):
+            want = spec.shape
+        elif spec.dtype in QUANTIZED_CODES and target.dtype in FLOAT_TARGETS:
+            dequantized.add(name)
+            want = (spec.shape[0], 2 * spec.shape[1]) if spec.dtype == "I8" else spec.shape
+        else:
+            problems.append(f"the model holds '{name}' as {_short(target.dtype)}, which cannot take its stored "
+                            f"{spec.dtype}")
+            continue
+        if tuple(target.shape) != want:
+            problems.append(f"the model's '{name}' has shape {list(target.shape)}; the stored tensor needs {list(want)}")
+    return dequantized, problems
+
+
+def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: TensorSpec, args: ModelArgs) -> torch.Tensor:
+    if spec.dtype == "I8":
+        return dequantize_fp4(stored, scale)
+    return dequantize_fp8(stored, scale, scale_block(name, spec.dtype, args))
+
+
+def _rebuild_rotary(model: nn.Module, args: ModelArgs, device) -> None:
+    """to_empty leaves non-persistent buffers unset: recompute the rotary frequencies (the only ones with values)."""
+    from ..model.rope import Rotary
+    for module in model.modules():
+        if isinstance(module, Rotary):
+            module.freqs = Rotary(*module.key, args, device=device).freqs
+
+
+def _short(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
