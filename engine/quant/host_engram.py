@@ -12,7 +12,7 @@ from .formats import ENGRAM_BLOCK, dequantize_engram_rows, quantize_engram_rows
 
 class RowSource(Protocol):
     """One host-resident tensor: its shape and dtype, and the rows asked for (the checkpoint's RowSource
-    reads them through a memory map; TensorRows from memory)."""
+    reads them from the shard file with positioned reads; TensorRows from memory)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
