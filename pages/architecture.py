@@ -16,6 +16,6 @@ with left:
     architecture_page.diagram(config_key, view, state)
 with right:
     with st.container(border=True, key="details_panel"):
-        architecture_page.details(view, state.node)
+        architecture_page.details(view, state)
 architecture_page.accounting_tabs(view)
 architecture_page.memory_plan_section(view)

@@ -15,7 +15,7 @@ if settings is not None:
     inspect_page.generate(slot, settings)
 with st.expander("Replay a saved trace", expanded=False):
     inspect_page.replay_upload()
-run = inspect_page.current_run()
+run = inspect_page.current_run(choice.key)
 if run is None:
     st.info("Type a prompt and press Generate; the panels below fill with what the model recorded on every token.")
     st.stop()

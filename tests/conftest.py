@@ -23,6 +23,8 @@ SLOW = {
     # browser: a live Streamlit server driven by headless Chromium
     "test_e2e_architecture.py": "browser tests [52 s]",
     "test_e2e_inspect.py": "browser tests [85 s]",
+    "test_e2e_inspect_actions.py": "browser tests of user actions on the Inspect page [90 s]",
+    "test_e2e_architecture_actions.py": "browser tests of user actions on Architecture and the sidebar [~110 s]",
     # model-card measurement
     "test_default_checkpoint.py": "re-measures the shipped model's card [29 s]",
     "test_model_card.py": "measures a card end to end on a tiny checkpoint [9 s]",

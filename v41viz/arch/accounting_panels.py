@@ -11,6 +11,8 @@ from engine.spec.published_figures import published_figures
 
 from .details import human
 
+# Horizontal legend in the top margin, never over the bars or curves (plotly grows the margin to fit it).
+LEGEND_ABOVE = dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left")
 DTYPE_NAMES = {"I8": "FP4 (e2m1, 2 per byte; I8 container)", "F8_E4M3": "FP8 e4m3", "F8_E8M0": "E8M0 block scales",
                "BF16": "BF16", "F32": "FP32"}
 
@@ -58,11 +60,17 @@ def kv_figure(acc: Accounting) -> go.Figure:
     for key, name, colour in (("window", "window ring (held ≤ window tokens)", "#9ca3af"),
                               ("compressed", "compressed KV (grows with context)", "#3b6ea5"),
                               ("index_keys", "index keys (grows with context)", "#c8741c")):
-        fig.add_bar(x=[r["layer"] for r in kv], y=[r[key] for r in kv], name=name, marker_color=colour)
-    fig.update_layout(barmode="stack", height=330, margin=dict(l=10, r=10, t=30, b=10), yaxis_title="bytes per token",
-                      legend=dict(orientation="h", y=1.12), title=dict(
-                          text=f"global (context-growing) KV: {acc.kv_global_per_token:g} B per token", font=dict(size=13)))
+        fig.add_bar(x=[short_layer(r["layer"]) for r in kv], y=[r[key] for r in kv], name=name, marker_color=colour)
+    fig.update_layout(barmode="stack", height=360, margin=dict(l=10, r=10, t=64, b=10), yaxis_title="bytes per token",
+                      xaxis=dict(title="layer", type="category"), legend=LEGEND_ABOVE,
+                      title=dict(text=f"global (context-growing) KV: {acc.kv_global_per_token:g} B per token",
+                                 font=dict(size=13), yref="container", y=0.98, yanchor="top"))
     return fig
+
+
+def short_layer(path: str) -> str:
+    """'layers.12' → '12', 'mtp.0' → 'mtp0': tick labels that fit side by side."""
+    return path.removeprefix("layers.").replace("mtp.", "mtp")
 
 
 def role_table(args: ModelArgs) -> pd.DataFrame:
@@ -91,6 +99,6 @@ def experts_touched_figure(args: ModelArgs, measured: dict[int, float] | None = 
                         name=f"{name}: E={e}, k={k} (closed form)")
     if measured:
         fig.add_scatter(x=list(measured), y=list(measured.values()), mode="markers", name="measured (trace)")
-    fig.update_layout(height=330, margin=dict(l=10, r=10, t=30, b=10), xaxis=dict(type="log", title="tokens in batch B"),
-                      yaxis_title="distinct experts read per layer", legend=dict(orientation="h", y=1.12))
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(type="log", title="tokens in batch B", tickvals=batches),
+                      yaxis_title="distinct experts read per layer", legend=LEGEND_ABOVE)
     return fig

@@ -28,18 +28,21 @@ class NodeDetails:
     tensors: pd.DataFrame | None   # name, shape, dtype, count, params, bytes (experts folded)
 
 
-def node_details(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], node: str) -> NodeDetails:
+def node_details(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], node: str,
+                 expanded: frozenset[str] = frozenset()) -> NodeDetails:
+    """expanded: ids of the folded groups the diagram currently draws layer by layer."""
     if node not in g:
         raise KeyError(f"'{node}' is not a module of this model")
     d = g.nodes[node]
     role = d["role"]
     role_line = group_line = ""
     if role is not None:
-        role_line = f"{role.path}: {role.summary}; RoPE base {role.rope_base:g}" + (" + YaRN" if role.yarn else "")
+        role_line = f"{role.path}: {role.summary}; RoPE base {role.rope_base:g}" + (" + YaRN" if role.yarn else "") + "."
         gr = group_of(groups, role.layer)
         if len(gr.layers) > 1:
-            group_line = (f"Drawn folded with layers {gr.span} (×{gr.repeats}"
-                          + (" alternating pairs" if gr.period == 2 else " identical layers") + ").")
+            kind = f"×{gr.repeats}" + (" alternating pairs" if gr.period == 2 else " identical layers")
+            group_line = (f"Drawn layer by layer: its group, layers {gr.span} ({kind}), is expanded."
+                          if gr.id in expanded else f"Drawn folded with layers {gr.span} ({kind}).")
     return NodeDetails(node, d["kind"], d["type"], describe(d["type"], args, role), d.get("params"), d.get("bytes"),
                        role_line, group_line, tensor_table(g, node) if "tensors" in d else None)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .box_text import fit_box_text
 from .layout import Box, Layout
 
 KIND_STYLE = {  # legend name, fill, border
@@ -49,9 +50,8 @@ def build_figure(lay: Layout, selected: str = "", hover: dict[str, str] | None =
                 shapes.append(_rect(b, fill, border, dx=off, dy=off, width=1))
         sel = b.node == selected
         shapes.append(_rect(b, fill, SELECTED if sel else border, width=3 if sel else 1.3))
-        title = f"<b>{b.title}</b>" if not b.dim else b.title
-        text = title + (f"<br><span style='font-size:9.5px;color:#4b5563'>{b.subtitle}</span>" if b.subtitle else "")
-        notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=10 if b.dim else 11, color="#111827")))
+        text, size = fit_box_text(b.title, b.subtitle, b.w, b.h * UNIT_PX, 10 if b.dim else 11, 9.5, not b.dim)
+        notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=size, color="#111827")))
         if b.badge:
             # just right of the card pile, so it covers no text of this row or the next
             notes.append(dict(x=b.x + b.w / 2 + 0.24, y=-b.y, text=f"<b>{b.badge}</b>", showarrow=False,

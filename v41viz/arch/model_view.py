@@ -40,6 +40,17 @@ class ModelView:
         return next((r.layer for r in self.args.roles if r.kv_mode == "own"), 0)
 
 
+def context_length(args: ModelArgs) -> tuple[int, str]:
+    """The longest sequence the config describes, and where that number comes from: the HF
+    max_position_embeddings when set, else the larger of the YaRN-extended window and the runtime max_seq_len."""
+    if args.max_position_embeddings:
+        return args.max_position_embeddings, "max_position_embeddings"
+    yarn = int(args.original_seq_len * args.rope_factor) if args.rope_factor > 1 else 0
+    if yarn > args.max_seq_len:
+        return yarn, f"YaRN: original_seq_len {args.original_seq_len:,} × rope_factor {args.rope_factor:g}"
+    return args.max_seq_len, "max_seq_len (the engine's runtime limit)"
+
+
 def build_view(args: ModelArgs) -> ModelView:
     g = build_graph(args)
     orphans = attach_inventory(g, inventory_tuple(args))

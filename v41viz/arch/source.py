@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 # Module type → the classes/functions that implement it, by qualified name, shown in this order.
 ENGINE_CODE: dict[str, tuple[str, ...]] = {
@@ -50,7 +51,9 @@ class SourceInfo:
         return bool(self.pieces)
 
 
+@lru_cache(maxsize=None)
 def engine_source(module_type: str) -> SourceInfo:
+    """The engine code of a module type (cached: the source does not change while the app runs)."""
     try:
         qualnames = ENGINE_CODE[module_type]
     except KeyError:

@@ -1,6 +1,7 @@
 """One Inspect generation (no Streamlit): settings, the traced run it produces, and the streaming loop."""
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -10,6 +11,7 @@ from engine.spec.errors import InputError
 from engine.trace import Trace, TraceBudget
 
 TRACE_MAX_TOKENS = 1024
+_RUN_SERIALS = itertools.count(1)
 MAX_PROMPT_CHARS = 4000
 
 
@@ -56,6 +58,7 @@ class LiveRun:
     elapsed_s: float = 0.0
     finish: str = ""
     message: str = ""
+    serial: int = field(default_factory=lambda: next(_RUN_SERIALS))  # tells one run from the next in a session
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,7 +71,8 @@ class LiveRun:
 def new_trace(settings: GenSettings, model: str, weights: str) -> Trace:
     meta = {"config": model, "weights": weights, "prompt": settings.prompt, "temperature": settings.temperature,
             "top_k": settings.top_k, "top_p": settings.top_p, "seed": settings.seed, "dspark": settings.dspark,
-            "schedule": settings.schedule if settings.dspark else ""}
+            "schedule": settings.schedule if settings.dspark else "", "max_new_tokens": settings.max_new_tokens,
+            "threshold": settings.threshold, "attention": settings.attention}
     return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention), meta=meta)
 
 
@@ -100,3 +104,32 @@ def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callabl
                              on_token=on_token, dspark=dspark_config(engine, settings))
     run.elapsed_s = time.perf_counter() - run.started
     run.finish, run.status = result.finish_reasons[0], "done"
+
+
+def settings_of(meta: dict) -> dict[str, object]:
+    """The generation settings a trace's meta records (older traces lack some; those are left out)."""
+    out: dict[str, object] = {}
+    for name, kind in (("prompt", str), ("max_new_tokens", int), ("temperature", float), ("top_p", float),
+                       ("top_k", int), ("seed", int), ("dspark", bool), ("schedule", str), ("threshold", float),
+                       ("attention", bool)):
+        value = meta.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            out[name] = str(value).lower() in ("true", "1") if kind is bool else kind(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def settings_line(model: str, meta: dict) -> str:
+    """One sentence naming the model and the settings that made a run."""
+    s = settings_of(meta)
+    parts = [f"model {model or 'unknown'}"]
+    for name, label in (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("seed", "seed"),
+                        ("max_new_tokens", "max new tokens")):
+        if name in s:
+            parts.append(f"{label} {s[name]:g}" if isinstance(s[name], float) else f"{label} {s[name]}")
+    if "dspark" in s:
+        parts.append(f"DSpark schedule {s.get('schedule') or 'all'}" if s["dspark"] else "DSpark off")
+    return "Made with " + " · ".join(parts) + "."

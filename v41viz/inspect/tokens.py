@@ -44,3 +44,21 @@ def coloured_text_html(texts: list[str], values: list[float], title: str, lo: fl
         spans.append(f'<span title="{html.escape(title)}: {v:.3f}" style="background:rgba(200,116,28,{0.1 + 0.8 * a:.2f});'
                      f'border-radius:3px;padding:1px 1px">{shown}</span>')
     return '<div style="line-height:1.9;font-family:monospace;white-space:pre-wrap">' + "".join(spans) + "</div>"
+
+
+def literal_text_html(prompt: str, generated: str) -> str:
+    """The prompt (bold) and the generated text exactly as they are: escaped, spaces and line breaks kept."""
+    return ('<div style="white-space:pre-wrap;overflow-wrap:anywhere;font-family:monospace;line-height:1.6">'
+            f"<b>{html.escape(prompt)}</b>{html.escape(generated)}</div>")
+
+
+def whitespace_note(generated: str) -> str:
+    """How much of the generated text is whitespace, so a mostly-blank output explains itself."""
+    spaces, breaks = generated.count(" "), generated.count("\n")
+    other = sum(ch.isspace() for ch in generated) - spaces - breaks
+    parts = [_count(spaces, "space"), _count(breaks, "line break")] + ([f"{other} other whitespace"] if other else [])
+    return f"{len(generated)} characters generated, of which {', '.join(parts)}."
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -11,7 +11,7 @@ from ..arch import plan_panels
 from ..arch.details import display_table, human, node_details
 from ..arch.diagram import build_figure
 from ..arch.layout import build_layout
-from ..arch.model_view import ModelView
+from ..arch.model_view import ModelView, context_length
 from ..arch.module_docs import describe
 from ..arch.source import engine_source
 from .page_links import ARCH_JUMP, to_inspect_button
@@ -69,7 +69,8 @@ def header(view: ModelView) -> None:
     cols[2].metric("layers + draft stages", f"{a.n_layers} + {a.n_draft_stages}")
     cols[3].metric("checkpoint", human(acc["bytes"]["checkpoint"], "B"))
     cols[4].metric("vocabulary", f"{a.vocab_size:,}")
-    cols[5].metric("context", f"{a.max_position_embeddings:,}" if a.max_position_embeddings else "–")
+    context, source = context_length(a)
+    cols[5].metric("context", f"{context:,}", help=f"tokens, from {source}")
     st.markdown(" · ".join(_highlights(view)))
 
 
@@ -114,20 +115,28 @@ def controls(view: ModelView) -> None:
 
 
 def diagram(config_key: str, view: ModelView, state: ViewState) -> None:
-    a, g = view.args, view.graph
-    role = g.nodes[state.node]["role"]
+    role = view.graph.nodes[state.node]["role"]
     focus = role.layer if role is not None else st.session_state.get("arch_focus", view.default_focus())
     st.session_state["arch_focus"] = focus
-    lay = build_layout(a, g, view.groups, set(state.expand), focus, view.size_text)
-    hover = {n: view.hover_text(n, describe(g.nodes[n]["type"], a, g.nodes[n]["role"]).summary)
-             for n in {b.node for b in lay.boxes.values()}}
-    fig = build_figure(lay, state.node, hover)
+    fig = _figure(config_key, id(view), state.node, state.expand, focus, view)
     st.plotly_chart(fig, key=f"diagram:{config_key}", on_select="rerun", selection_mode="points",
                     config={"displayModeBar": False, "scrollZoom": False}, width="stretch")
 
 
-def details(view: ModelView, node: str) -> None:
-    d = node_details(view.args, view.graph, view.groups, node)
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _figure(config_key: str, view_id: int, node: str, expand: tuple[str, ...], focus: int, _view: ModelView):
+    """The diagram for one view state; it depends on no session, so every session shares it (building one
+    takes ~0.1 s). view_id tells apart two uploads of the same name; st.plotly_chart does not modify it."""
+    a, g = _view.args, _view.graph
+    lay = build_layout(a, g, _view.groups, set(expand), focus, _view.size_text)
+    hover = {n: _view.hover_text(n, describe(g.nodes[n]["type"], a, g.nodes[n]["role"]).summary)
+             for n in {b.node for b in lay.boxes.values()}}
+    return build_figure(lay, node, hover)
+
+
+def details(view: ModelView, state: ViewState) -> None:
+    node = state.node
+    d = node_details(view.args, view.graph, view.groups, node, frozenset(state.expand))
     st.markdown(f"#### {d.doc.title}")
     to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
     st.markdown(f"`{d.node}` · {d.kind}")
@@ -183,7 +192,8 @@ def accounting_tabs(view: ModelView) -> None:
         st.dataframe(panels.role_table(a), hide_index=True, width="stretch")
     with t5:
         st.plotly_chart(panels.experts_touched_figure(a), width="stretch", config={"displayModeBar": False})
-        st.caption("Closed form E·(1−(1−k/E)^B) for uniform routing; measured curves appear once traces are loaded.")
+        st.caption("Closed form E·(1−(1−k/E)^B) for uniform routing, computed from the config (no live data on this "
+                   "page). The distinct experts a real run read are measured on the Inspect page, Experts panel.")
 
 
 def memory_plan_section(view: ModelView) -> None:

@@ -6,12 +6,14 @@ import streamlit as st
 from engine.spec.errors import EngineError
 
 from ..inspect.export import trace_from_upload
-from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace
+from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace, settings_line, settings_of
+from ..inspect.tokens import literal_text_html, whitespace_note
 from . import engine_session
 from .page_links import INSPECT_JUMP
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
 LIVE, LOADED, SHOWN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
+STATUS_STOP = "[data-testid='stStatusWidget'] button"
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 
 
@@ -52,28 +54,53 @@ def weights_note(slot: engine_session.EngineSlot) -> None:
         st.caption(card)
 
 
+# The form's widgets and their defaults. Streamlit drops a widget's state on a page that does not draw it, so the
+# values are also kept under SAVED and put back when the page is drawn again.
+FORM_DEFAULTS = {"inspect_prompt": "ROMEO:", "inspect_max_new": 24, "inspect_temperature": 0.0, "inspect_top_p": 1.0,
+                 "inspect_top_k": 0, "inspect_seed": 0, "inspect_attention": True, "inspect_dspark": False,
+                 "inspect_schedule": "all", "inspect_threshold": 0.5}
+SAVED, PENDING = "inspect_saved_settings", "inspect_pending_settings"
+SETTING_KEYS = {"prompt": "inspect_prompt", "max_new_tokens": "inspect_max_new", "temperature": "inspect_temperature",
+                "top_p": "inspect_top_p", "top_k": "inspect_top_k", "seed": "inspect_seed",
+                "attention": "inspect_attention", "dspark": "inspect_dspark", "schedule": "inspect_schedule",
+                "threshold": "inspect_threshold"}
+
+
+def restore_settings() -> None:
+    """Put the form's last values (or its defaults) into the widgets' keys before they are drawn; settings a
+    replayed trace recorded take their place."""
+    for key, value in st.session_state.pop(PENDING, {}).items():
+        st.session_state[key] = value
+    saved = st.session_state.get(SAVED, {})
+    for key, default in FORM_DEFAULTS.items():
+        if key not in st.session_state:
+            st.session_state[key] = saved.get(key, default)
+
+
 def settings_form(args) -> GenSettings | None:
     """The prompt and sampling settings; returns the settings when Generate is pressed."""
+    restore_settings()
     with st.form("inspect_form", border=True):
-        prompt = st.text_area("Prompt", value="ROMEO:", key="inspect_prompt", height=90)
+        prompt = st.text_area("Prompt", key="inspect_prompt", height=90)
         c = st.columns(6)
-        max_new = c[0].number_input("max new tokens", 1, 512, 24, key="inspect_max_new")
-        temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key="inspect_temperature",
+        max_new = c[0].number_input("max new tokens", 1, 512, key="inspect_max_new")
+        temperature = c[1].number_input("temperature", 0.0, 5.0, step=0.1, key="inspect_temperature",
                                         help="0 = greedy")
-        top_p = c[2].number_input("top-p", 0.01, 1.0, 1.0, 0.05, key="inspect_top_p")
-        top_k = c[3].number_input("top-k", 0, 1000, 0, key="inspect_top_k", help="0 = off")
-        seed = c[4].number_input("seed", 0, 2**31 - 1, 0, key="inspect_seed")
-        attention = c[5].toggle("trace attention", True, key="inspect_attention",
+        top_p = c[2].number_input("top-p", 0.01, 1.0, step=0.05, key="inspect_top_p")
+        top_k = c[3].number_input("top-k", 0, 1000, key="inspect_top_k", help="0 = off")
+        seed = c[4].number_input("seed", 0, 2**31 - 1, key="inspect_seed")
+        attention = c[5].toggle("trace attention", key="inspect_attention",
                                 help="record the window/compressed split and the indexer's picks (slower)")
         d = st.columns([1, 2, 1])
         can_draft = bool(args.has_dspark)
-        dspark = d[0].toggle("DSpark", False, key="inspect_dspark", disabled=not can_draft,
+        dspark = d[0].toggle("DSpark", key="inspect_dspark", disabled=not can_draft,
                              help="speculative decoding with the model's drafter" if can_draft
                              else "this model has no DSpark drafter")
         schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), key="inspect_schedule",
                                   format_func=lambda s: f"{s} — {SCHEDULES[s]}", disabled=not can_draft)
-        threshold = d[2].slider("threshold", 0.0, 1.0, 0.5, 0.05, key="inspect_threshold", disabled=not can_draft)
+        threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, key="inspect_threshold", disabled=not can_draft)
         go = st.form_submit_button("Generate", type="primary", icon=":material/play_arrow:")
+    st.session_state[SAVED] = {key: st.session_state[key] for key in FORM_DEFAULTS}
     if not go:
         return None
     return GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k), int(seed),
@@ -89,6 +116,9 @@ def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
         return
     run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source), slot.choice.key, prompt=settings.prompt)
     st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
+    # One Stop: Streamlit's own top-bar Stop halts the script between tokens without a rerun, which leaves the
+    # page frozen at "Generating…"; the page's Stop reruns and shows the partial run as stopped.
+    st.html(f"<style>{STATUS_STOP} {{display: none}}</style>")
     st.button("Stop", key="inspect_stop", icon=":material/stop_circle:",
               help="stops after the current token; the panels show what was generated so far")
     status, progress = st.empty(), st.progress(0.0)
@@ -102,7 +132,7 @@ def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
         progress.progress(min(r.n_tokens / settings.max_new_tokens, 1.0),
                           text=f"{r.n_tokens}/{settings.max_new_tokens} tokens · {_rate(r)} · "
                                f"first token after {r.first_token_s:.2f} s")
-        text.markdown(f"**{_md(settings.prompt)}**{_md(r.text)}")
+        text.html(literal_text_html(settings.prompt, r.text))
 
     try:
         with slot.turn(waiting) as engine:
@@ -135,13 +165,30 @@ def replay_upload() -> None:
                   prompt=str(trace.meta.get("prompt", "")), status="done",
                   text="".join(t.text for t in toks if t.generated), n_tokens=sum(t.generated for t in toks))
     st.session_state[LOADED], st.session_state[SHOWN] = run, "loaded"
+    recorded = settings_of(trace.meta)
+    if recorded.get("schedule") not in SCHEDULES:
+        recorded.pop("schedule", None)
+    st.session_state[PENDING] = {SETTING_KEYS[name]: value for name, value in recorded.items()}
+    if run.model in engine_session.model_choices():
+        st.session_state[MODEL_KEPT] = run.model  # the model that made it, so its panels draw against it
+    st.rerun()  # the form and the model picker above show the trace's settings
 
 
-def current_run() -> LiveRun | None:
-    """The run the panels show: the live one or the loaded trace (a switch appears when both exist)."""
+def current_run(model: str) -> LiveRun | None:
+    """The run the panels show: the live one or the loaded trace (a switch appears when both exist). A run
+    belongs to the model that made it: another model's run is kept for when that model is picked again, but
+    never decoded or drawn against this one."""
     live, loaded = st.session_state.get(LIVE), st.session_state.get(LOADED)
     if live is not None and live.status == "running":
         live.status = "stopped"  # a rerun found it unfinished: it was interrupted
+    runnable = engine_session.model_choices()  # a trace of a model this server cannot run is shown as it is
+    others = [r for r in (live, loaded) if r is not None and r.model and r.model != model
+              and (r.source == "live" or r.model in runnable)]
+    for r in others:
+        kind = "live run" if r.source == "live" else r.source
+        st.caption(f":material/history: The previous {kind} is a run of {r.model} ({r.n_tokens} tokens), kept "
+                   f"for when that model is picked again; it is not shown against {model}.")
+    live, loaded = (None if any(r is o for o in others) else r for r in (live, loaded))
     if live is not None and loaded is not None:
         st.segmented_control("Show", ["live", "loaded"], key=SHOWN, required=True,
                              format_func=lambda k: f"live run ({live.n_tokens} tokens)" if k == "live"
@@ -155,8 +202,10 @@ def run_summary(run: LiveRun) -> None:
     st.markdown(f"{badge} · status **{run.status}**" + (f" ({run.finish})" if run.finish else ""))
     if run.message:
         st.error(run.message)
+    st.container(key="inspect_run_settings").caption(settings_line(run.model, run.trace.meta))
     with st.container(key="inspect_output", border=True):
-        st.markdown(f"**{_md(run.prompt)}**{_md(run.text)}")
+        st.html(literal_text_html(run.prompt, run.text))
+        st.caption(whitespace_note(run.text))
     if run.source == "live":
         c = st.columns(4)
         c[0].metric("new tokens", run.n_tokens)
@@ -168,12 +217,4 @@ def run_summary(run: LiveRun) -> None:
 def _rate(run: LiveRun) -> str:
     rate = run.tokens_per_s
     return "–" if rate != rate else f"{rate:.1f} tokens/s"
-
-
-def _md(text: str) -> str:
-    """Text shown literally in markdown (no emphasis, links or headings from the model's output)."""
-    out = text.replace("\\", "\\\\")
-    for ch in "*_`[]<>#|~$":
-        out = out.replace(ch, "\\" + ch)
-    return out.replace("\n", "  \n")
 

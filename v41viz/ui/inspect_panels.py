@@ -15,6 +15,7 @@ from ..inspect.tokens import labels, token_table
 from .page_links import INSPECT_JUMP, to_diagram_button
 
 PANEL, NODE, TOKEN = "inspect_panel", "inspect_node", "inspect_token"
+TOKEN_RUN = "inspect_token_run"   # serial of the run the selected token belongs to
 ALL = "(all modules)"
 CHART = {"width": "stretch", "config": {"displayModeBar": False}}
 
@@ -51,9 +52,9 @@ def selection(run: LiveRun) -> tuple[str, str | None, int]:
         st.session_state[PANEL] = p if p in PANELS else PANELS[0]
     if st.session_state.get(NODE) not in options:
         st.session_state[NODE] = ALL
-    if TOKEN not in st.session_state or st.session_state[TOKEN] not in positions:
-        t = st.query_params.get("token", "")
-        st.session_state[TOKEN] = int(t) if t.isdigit() and int(t) in positions else (positions[-1] if positions else 0)
+    token = selected_token(run, positions)
+    if st.session_state.get(TOKEN) != token:  # set only on change: a set value overrides the slider mid-drag
+        st.session_state[TOKEN] = token
     c1, c2, c3 = st.columns([3, 2, 3])
     c1.segmented_control("Panel", PANELS, key=PANEL, required=True)
     c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show")
@@ -62,6 +63,19 @@ def selection(run: LiveRun) -> tuple[str, str | None, int]:
         c3.select_slider("Token", positions, key=TOKEN, format_func=lambda p: names[p])
     node = st.session_state[NODE]
     return st.session_state[PANEL], None if node == ALL else node, st.session_state[TOKEN]
+
+
+def selected_token(run: LiveRun, positions: list[int]) -> int:
+    """The one selected token position, which the slider, the URL and every panel show. A new run starts at its
+    last token (a link's token applies to the first run the page shows); a position the run lacks is clamped."""
+    last = positions[-1] if positions else 0
+    if st.session_state.get(TOKEN_RUN) != run.serial:
+        first_run = TOKEN_RUN not in st.session_state
+        st.session_state[TOKEN_RUN] = run.serial
+        t = st.query_params.get("token", "")
+        return int(t) if first_run and t.isdigit() and int(t) in positions else last
+    chosen = st.session_state.get(TOKEN, last)
+    return chosen if chosen in positions else min(positions, key=lambda p: abs(p - chosen), default=0)
 
 
 def header(run: LiveRun, config_key: str, node: str | None, what: str, key: str) -> None:

@@ -8,7 +8,7 @@ import streamlit as st
 from engine.spec.presets import list_presets
 
 from ..inspect.links import architecture_query, panel_for
-from .sidebar import CHOICE, UPLOADS
+from .sidebar import CHOICE, UPLOADS, preset_named_for
 from .url_state import UPLOAD_PREFIX
 
 ARCH_JUMP = "arch_jump"          # node the architecture page selects on its next run
@@ -16,10 +16,12 @@ INSPECT_JUMP = "inspect_jump"    # (config key, node) the Inspect page filters t
 
 
 def diagram_config(choice_key: str, config_path, args) -> str:
-    """The sidebar config key that draws an Inspect model: its preset name, or its checkpoint's config
-    registered as this session's upload."""
+    """The sidebar config key that draws an Inspect model: its preset name, the preset its checkpoint's config
+    equals (a link anyone can open), or else that config registered as this session's upload."""
     if choice_key in list_presets():
         return choice_key
+    if (preset := preset_named_for(args)) is not None:
+        return preset
     key = UPLOAD_PREFIX + choice_key.split(":", 1)[-1] + ".json"
     st.session_state.setdefault(UPLOADS, {})[key] = (hashlib.sha256(str(config_path).encode()).hexdigest(), args)
     return key

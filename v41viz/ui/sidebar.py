@@ -15,6 +15,7 @@ from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 CHOICE = "config_choice"     # session key of the chosen config (plain state: survives page switches)
 WIDGET = "config_widget"     # the selectbox's own key, re-seeded from CHOICE on every page
 UPLOADS = "uploaded_configs"  # session key: {"upload:<name>": (text, ModelArgs)}
+ERROR = "config_error"       # session key: (page title, message) of the last rejected upload
 
 
 def parse_upload(name: str, data: bytes) -> ModelArgs:
@@ -50,13 +51,16 @@ def page_setup(title: str, config_picker: bool = True) -> None:
     what that page uses; the chosen config stays in the session for the other pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
     if config_picker:
-        config_sidebar()
+        config_sidebar(title)
     if notice := st.session_state.pop("config_notice", None):
         st.warning(notice)
 
 
-def config_sidebar() -> None:
-    """Render the config picker; the choice lives in st.session_state and the `config` query parameter."""
+def config_sidebar(page: str) -> None:
+    """Render the config picker; the choice lives in st.session_state and the `config` query parameter.
+
+    A rejected upload's error belongs to the page where it was made and to the choice it was made with: it is
+    dropped on another page or when another config is picked."""
     presets = list(list_presets())
     uploads: dict = st.session_state.setdefault(UPLOADS, {})
     if CHOICE not in st.session_state:
@@ -74,23 +78,26 @@ def config_sidebar() -> None:
                 st.session_state["config_notice"] = f"Unknown config '{wanted}' in the link; showing {DEFAULT_CONFIG}."
     file = st.session_state.get("config_upload")  # the uploader's file is known before it is drawn
     if file is not None:
-        _take_upload(file.name, file.getvalue(), uploads)
+        _take_upload(page, file.name, file.getvalue(), uploads)
+    if (error := st.session_state.get(ERROR)) and error[0] != page:
+        del st.session_state[ERROR]
     with st.sidebar:
         st.markdown("### Model config")
         st.session_state[WIDGET] = st.session_state[CHOICE]
         st.selectbox("Config", presets + list(uploads), key=WIDGET, on_change=_copy_choice,
                      format_func=lambda k: k.removeprefix(UPLOAD_PREFIX) + (" (uploaded)" if k in uploads else ""))
         st.file_uploader("…or upload a config.json", type=["json"], key="config_upload")
-        if msg := st.session_state.get("config_error"):
-            st.error(msg)
+        if error := st.session_state.get(ERROR):
+            st.error(error[1])
         st.caption("Presets live in `configs/`. Uploaded configs stay in this browser session only.")
 
 
 def _copy_choice() -> None:
     st.session_state[CHOICE] = st.session_state[WIDGET]
+    st.session_state.pop(ERROR, None)
 
 
-def _take_upload(name: str, data: bytes, uploads: dict) -> None:
+def _take_upload(page: str, name: str, data: bytes, uploads: dict) -> None:
     digest = hashlib.sha256(data).hexdigest()
     if st.session_state.get("config_upload_digest") == digest:
         return  # already handled this file
@@ -98,11 +105,11 @@ def _take_upload(name: str, data: bytes, uploads: dict) -> None:
     try:
         args = parse_upload(name, data)
     except ConfigError as e:
-        st.session_state["config_error"] = f"Upload rejected — {e}"
+        st.session_state[ERROR] = (page, f"Upload rejected — {e}")
         return
     key = UPLOAD_PREFIX + name
     uploads[key] = (digest, args)
-    st.session_state.pop("config_error", None)
+    st.session_state.pop(ERROR, None)
     st.session_state[CHOICE] = key
 
 
@@ -114,6 +121,16 @@ def current_view() -> tuple[str, ModelView]:
         digest, args = uploads[key]
         return key, _upload_view(key, digest, args)
     return key, _preset_view(key)
+
+
+@st.cache_resource(show_spinner=False)
+def _preset_args() -> dict[str, ModelArgs]:
+    return {name: load_config(path) for name, path in list_presets().items()}
+
+
+def preset_named_for(args: ModelArgs) -> str | None:
+    """The preset whose architecture equals these args (names aside), or None."""
+    return next((name for name, preset in _preset_args().items() if preset == args), None)
 
 
 def available_configs() -> list[str]:
