@@ -12,8 +12,27 @@ def _open(browser, url: str):
     page.goto(url)
     page.get_by_text("Reading this diagram").wait_for(timeout=90_000)
     page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
+    # the page's last element: the script run is over, so the diagram is not redrawn under the test
+    page.get_by_text("How the plan is made").wait_for(timeout=90_000)
     page.wait_for_timeout(800)
     return page
+
+
+def _box(page, locator) -> dict:
+    """The on-screen box of a diagram label. Plotly may redraw its annotations once more after the run (fonts,
+    layout), detaching the element found a moment ago: look it up again until it holds still, as a person's
+    second glance would (at most ~10 s)."""
+    for _ in range(20):
+        try:
+            locator.scroll_into_view_if_needed(timeout=2_000)
+            box = locator.bounding_box(timeout=2_000)
+            if box is not None:
+                return box
+        except Exception as e:  # playwright's Error: "Element is not attached to the DOM"
+            if "not attached" not in str(e) and "Timeout" not in str(e):
+                raise
+        page.wait_for_timeout(500)
+    raise AssertionError(f"{locator} never held still on the page")
 
 
 def _details(page):
@@ -43,9 +62,7 @@ def test_click_a_box_opens_its_details(server, browser, screenshots):
     page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash")
     plot = page.locator(".js-plotly-plot").first
     target = plot.locator("g.annotation-text-g").filter(has_text="LM head").first
-    target.scroll_into_view_if_needed()
-    page.wait_for_timeout(300)
-    box = target.bounding_box()
+    box = _box(page, target)
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     panel = _details(page)
     panel.get_by_text("Scores all 129,280 tokens").first.wait_for(timeout=30_000)
@@ -54,7 +71,7 @@ def test_click_a_box_opens_its_details(server, browser, screenshots):
     assert "LM head" in text and "661.91M" in text and "BF16" in text
     page.wait_for_function("() => window.location.search.includes('node=head')", timeout=10_000)
     router = plot.locator("g.annotation-text-g").filter(has_text="Router").first
-    rb = router.bounding_box()
+    rb = _box(page, router)
     page.mouse.move(rb["x"] + rb["width"] / 2, rb["y"] + rb["height"] / 2)
     hover = page.locator(".hoverlayer .hovertext").first
     hover.wait_for(timeout=10_000)

@@ -12,6 +12,8 @@ def _open(browser, url: str, width: int = 1600):
     page.goto(url)
     page.get_by_text("Reading this diagram").wait_for(timeout=WAIT_PAGE)
     page.locator(".js-plotly-plot").first.wait_for(timeout=WAIT_PAGE)
+    # the page's last element: the script run is over, so the diagram is not redrawn under the test
+    page.get_by_text("How the plan is made").wait_for(timeout=WAIT_PAGE)
     return page
 
 
