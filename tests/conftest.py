@@ -40,6 +40,9 @@ SLOW = {
     # host memory measured on a large official-format checkpoint
     "test_official_memory.py": "writes a 257 MiB and a 1 GiB official checkpoint, loads and generates from them in "
                                "fresh processes, measuring RSS [11 s + 35 s]",
+    "test_official_checkpoint.py": "writes, reads and breaks tiny official-format checkpoints, generates from "
+                                   "them [15 s]",
+    "test_kernels_quant.py": "FP8 / FP4 GEMMs in the Triton interpreter, many shapes [9 s]",
     "test_app_inspect.py::test_an_official_fp8_folder_is_picked_and_generates":
         "quantizes the shipped model, then loads and generates from it in the page [10 s]",
 }
