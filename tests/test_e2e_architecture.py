@@ -3,19 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.browser_helpers import open_architecture
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = "/architecture?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
-
-
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1600, "height": 2200})  # tall: the whole V4.1 diagram fits
-    page.goto(url)
-    page.get_by_text("Reading this diagram").wait_for(timeout=90_000)
-    page.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
-    # the page's last element: the script run is over, so the diagram is not redrawn under the test
-    page.get_by_text("How the plan is made").wait_for(timeout=90_000)
-    page.wait_for_timeout(800)
-    return page
+TALL = 2200   # the whole V4.1 diagram fits in the viewport
 
 
 def _box(page, locator) -> dict:
@@ -42,7 +34,7 @@ def _details(page):
 def test_shared_url_restores_the_view(server, browser, screenshots):
     # The very first request of a fresh server is a deep link: config, node and expansion all come back.
     base, _ = server
-    page = _open(browser, base + SHARED)
+    page = open_architecture(browser, base + SHARED, height=TALL)
     panel = _details(page)
     panel.get_by_text("layers.14.engram", exact=False).first.wait_for(timeout=30_000)
     assert "Engram" in panel.inner_text()
@@ -59,7 +51,7 @@ def test_shared_url_restores_the_view(server, browser, screenshots):
 
 def test_click_a_box_opens_its_details(server, browser, screenshots):
     base, _ = server
-    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash")
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash", height=TALL)
     plot = page.locator(".js-plotly-plot").first
     target = plot.locator("g.annotation-text-g").filter(has_text="LM head").first
     box = _box(page, target)
@@ -82,7 +74,8 @@ def test_click_a_box_opens_its_details(server, browser, screenshots):
 
 def test_selecting_attention_shows_engine_source_or_says_missing(server, browser, screenshots):
     base, _ = server
-    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer",
+                             height=TALL)
     panel = _details(page)
     panel.get_by_text("Lightning indexer").first.wait_for(timeout=30_000)
     text = panel.inner_text()
@@ -100,7 +93,8 @@ def test_selecting_attention_shows_engine_source_or_says_missing(server, browser
 
 def test_v4_dspark_pairs_fold_and_expand(server, browser, screenshots):
     base, _ = server
-    page = _open(browser, base + "/architecture?config=deepseek-v4-flash-dspark&node=layers.0.ffn.gate")
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4-flash-dspark&node=layers.0.ffn.gate",
+                             height=TALL)
     svg = page.locator(".js-plotly-plot").first.inner_text()
     assert "layers 3–38" in svg and "×18 pairs" in svg and "mHC head" in svg
     panel = _details(page)
@@ -113,7 +107,7 @@ def test_v4_dspark_pairs_fold_and_expand(server, browser, screenshots):
 
 def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tmp_path):
     base, _ = server
-    page = _open(browser, base + "/architecture?config=tiny-v4")
+    page = open_architecture(browser, base + "/architecture?config=tiny-v4", height=TALL)
     bad = tmp_path / "config.json"
     bad.write_text('{"dim": 64, "n_layers": 2')
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad))

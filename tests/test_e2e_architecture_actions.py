@@ -3,18 +3,9 @@ from __future__ import annotations
 
 import re
 
-WAIT_PAGE = 90_000   # a fresh server builds the V4.1 view once
+from tests.browser_helpers import WAIT_PAGE, open_architecture
+
 WAIT_RERUN = 30_000  # one rerun on the loaded 2-core machine
-
-
-def _open(browser, url: str, width: int = 1600):
-    page = browser.new_page(viewport={"width": width, "height": 1400})
-    page.goto(url)
-    page.get_by_text("Reading this diagram").wait_for(timeout=WAIT_PAGE)
-    page.locator(".js-plotly-plot").first.wait_for(timeout=WAIT_PAGE)
-    # the page's last element: the script run is over, so the diagram is not redrawn under the test
-    page.get_by_text("How the plan is made").wait_for(timeout=WAIT_PAGE)
-    return page
 
 
 def _metric(page, label: str) -> str:
@@ -28,7 +19,7 @@ def test_context_is_shown_for_every_preset(server, browser, screenshots):
     expected = {"deepseek-v4.1-flash-inference": "1,048,576", "deepseek-v4.1-flash": "1,048,576",
                 "tiny-v4.1": "512", "default-small": "1,024"}
     for config, context in expected.items():
-        page = _open(browser, f"{base}/architecture?config={config}")
+        page = open_architecture(browser, f"{base}/architecture?config={config}")
         page.get_by_role("heading", name=config).wait_for(timeout=WAIT_PAGE)
         assert _metric(page, "context") == context, config
         if config == "tiny-v4.1":
@@ -39,7 +30,7 @@ def test_context_is_shown_for_every_preset(server, browser, screenshots):
 def test_rejected_upload_error_goes_away(server, browser, screenshots, tmp_path):
     # Defect 9: the "Upload rejected" error stayed in the sidebar after picking another config and on other pages.
     base, _ = server
-    page = _open(browser, base + "/architecture?config=tiny-v4")
+    page = open_architecture(browser, base + "/architecture?config=tiny-v4")
     sidebar = page.locator("[data-testid='stSidebar']")
     bad = tmp_path / "config.json"
     bad.write_text('{"dim": 64')
@@ -95,7 +86,7 @@ def test_in_the_diagram_from_inspect_opens_a_shareable_config(server, browser, s
 
 def test_no_developer_deploy_button(server, browser):
     base, _ = server
-    page = _open(browser, base + "/architecture?config=tiny-v4.1")
+    page = open_architecture(browser, base + "/architecture?config=tiny-v4.1")
     page.get_by_role("heading", name="tiny-v4.1").wait_for(timeout=WAIT_PAGE)
     assert page.locator("[data-testid='stAppDeployButton']").count() == 0
     assert page.get_by_role("button", name="Deploy").count() == 0
@@ -126,7 +117,7 @@ def test_expanded_group_details_and_box_text_fit_at_1280(server, browser, screen
     # Defect 10: after expanding a folded group the details still said "Drawn folded with layers 21–23 (×3)";
     # "YaRN Drawn" missed a full stop; box subtitles spilled out of their boxes at 1280 px.
     base, _ = server
-    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.22.attn", width=1280)
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash&node=layers.22.attn", width=1280)
     caption = page.locator(".st-key-details_panel [data-testid='stCaptionContainer']").first
     caption.get_by_text("Drawn folded with layers 21–23", exact=False).wait_for(timeout=WAIT_RERUN)
     assert "YaRN." in caption.inner_text() and "YaRN Drawn" not in caption.inner_text()
@@ -160,7 +151,7 @@ def test_accounting_charts_do_not_overlap(server, browser, screenshots):
     # Defect 8 (the Architecture page's charts): the experts-touched legend hid the top of the curve; the
     # KV-per-token title overlapped its legend; x-axis labels collided.
     base, _ = server
-    page = _open(browser, base + "/architecture?config=deepseek-v4.1-flash", width=1280)
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash", width=1280)
     for tab in ("KV cache per token", "Experts touched"):
         page.get_by_role("tab", name=tab).click()
         chart = page.get_by_role("tabpanel", name=tab).locator(".js-plotly-plot").first

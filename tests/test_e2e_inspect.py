@@ -7,17 +7,11 @@ import re
 import time
 from pathlib import Path
 
+from tests.browser_helpers import open_inspect, settled
+
 PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
 DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "default"    # the model the page opens with
 LAST_FFN = f"layers.{json.loads((DEFAULT / 'config.json').read_text())['n_layers'] - 1}.ffn"
-
-
-def _inspect(browser, url: str, height: int = 1800):
-    page = browser.new_page(viewport={"width": 1500, "height": height})
-    page.set_default_timeout(60_000)   # the CI machine has 2 cores shared with other suites
-    page.goto(url)
-    page.get_by_role("button", name="Generate").wait_for(timeout=120_000)   # the engine has loaded
-    return page
 
 
 def _generate(page, prompt: str, max_new: int = 12, dspark: bool = False) -> float:
@@ -33,7 +27,7 @@ def _generate(page, prompt: str, max_new: int = 12, dspark: bool = False) -> flo
     page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^\d+/\d+ tokens")).wait_for(timeout=60_000)
     first = time.perf_counter() - t0
     page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
-    _settled(page)
+    settled(page)
     return first
 
 
@@ -44,26 +38,19 @@ def _panel(page, name: str):
     page.wait_for_timeout(600)
 
 
-def _settled(page) -> None:
-    """Wait until the script run has finished and no element is still a loading skeleton."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=stSkeleton]') && "
-                           "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=60_000)
-    page.wait_for_timeout(300)
-
-
 def _output(page) -> str:
     return page.locator(".st-key-inspect_output").inner_text()
 
 
 def test_generate_streams_and_every_panel_has_data(server, browser, screenshots):
     base, log_path = server
-    page = _inspect(browser, base + "/inspect")
+    page = open_inspect(browser, base + "/inspect")
     body = page.inner_text("body")
     assert "the text is noise" not in body and "held-out loss" in body   # the shipped trained model
     first = _generate(page, "ROMEO:", max_new=16, dspark=True)
     print(f"\nclick → first token: {first:.2f} s")
     assert first < 30
-    _settled(page)
+    settled(page)
     page.screenshot(path=str(screenshots / "inspect_generated.png"), full_page=True)
     body = page.inner_text("[data-testid='stMain']")
     assert "live" in body and "tokens/s" in body, body[:3000]
@@ -76,7 +63,7 @@ def test_generate_streams_and_every_panel_has_data(server, browser, screenshots)
         assert "live data from this session's generation" in text
         assert page.locator(".js-plotly-plot").count() >= 1
         assert page.locator("[data-testid='stException']").count() == 0
-        _settled(page)
+        settled(page)
         page.screenshot(path=str(screenshots / f"inspect_{name.lower()}.png"), full_page=True)
     page.close()
     assert "Traceback" not in log_path.read_text()
@@ -84,7 +71,7 @@ def test_generate_streams_and_every_panel_has_data(server, browser, screenshots)
 
 def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
     base, _ = server
-    page = _inspect(browser, base + "/inspect?panel=Engram")
+    page = open_inspect(browser, base + "/inspect?panel=Engram")
     _generate(page, "The sea was calm", max_new=8)
     live_text = _output(page)
     for fmt, label in (("parquet", "Parquet tables (zip)"), ("safetensors", "safetensors")):
@@ -95,7 +82,7 @@ def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
                 option.wait_for(timeout=10_000)
                 break
             except Exception:
-                _settled(page)
+                settled(page)
         option.click()
         wanted = {"parquet": "trace.parquet.zip", "safetensors": "trace.safetensors"}[fmt]
         button = page.get_by_role("button", name=re.compile("^Download " + re.escape(wanted)))
@@ -125,7 +112,7 @@ def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
 
 def test_two_sessions_at_once_get_what_they_get_alone(server, browser, screenshots):
     base, _ = server
-    a, b = _inspect(browser, base + "/inspect", 1000), _inspect(browser, base + "/inspect", 1000)
+    a, b = open_inspect(browser, base + "/inspect", 1000), open_inspect(browser, base + "/inspect", 1000)
     for page, prompt in ((a, "Alpha beta gamma"), (b, "Red green blue")):
         page.get_by_label("Prompt").fill(prompt)
         page.get_by_label("max new tokens").fill("16")
@@ -138,7 +125,7 @@ def test_two_sessions_at_once_get_what_they_get_alone(server, browser, screensho
     b.screenshot(path=str(screenshots / "inspect_second_session.png"), full_page=True)
     a.close()
     b.close()
-    alone = _inspect(browser, base + "/inspect", 1000)
+    alone = open_inspect(browser, base + "/inspect", 1000)
     _generate(alone, "Red green blue", max_new=16)
     assert _output(alone) == together[1] and together[0] != together[1]
     alone.close()
@@ -167,7 +154,7 @@ def test_diagram_box_opens_its_panel_and_back(server, browser, screenshots):
 
 def test_stop_keeps_the_tokens_so_far(server, browser, screenshots):
     base, _ = server
-    page = _inspect(browser, base + "/inspect", 1000)
+    page = open_inspect(browser, base + "/inspect", 1000)
     page.get_by_label("Prompt").fill("A long story")
     page.get_by_label("max new tokens").fill("300")
     page.get_by_label("max new tokens").press("Tab")
@@ -175,7 +162,7 @@ def test_stop_keeps_the_tokens_so_far(server, browser, screenshots):
     page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^[3-9]/300 tokens")).wait_for(timeout=60_000)
     page.locator(".st-key-inspect_stop button").first.click()
     page.get_by_text(re.compile(r"status stopped")).wait_for(timeout=30_000)
-    _settled(page)
+    settled(page)
     n = int(page.locator("[data-testid='stMetric']").filter(has_text="new tokens").locator(
         "[data-testid='stMetricValue']").inner_text())
     assert 3 <= n < 300 and len(_output(page)) > len("A long story")

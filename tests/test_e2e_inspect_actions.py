@@ -6,22 +6,9 @@ import re
 
 from playwright.sync_api import expect
 
+from tests.browser_helpers import open_inspect, settled
+
 MAIN = "[data-testid='stMain']"
-
-
-def _inspect(browser, url: str, height: int = 1400):
-    page = browser.new_page(viewport={"width": 1500, "height": height})
-    page.set_default_timeout(60_000)   # the CI machine has 2 cores shared with other suites
-    page.goto(url)
-    page.get_by_role("button", name="Generate").wait_for(timeout=120_000)   # the engine has loaded
-    return page
-
-
-def _settled(page) -> None:
-    """Wait until the script run has finished and no element is still a loading skeleton."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=stSkeleton]') && "
-                           "!document.querySelector('[data-stale=true]') && "
-                           "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=60_000)
 
 
 def _fill(page, prompt: str, max_new: int) -> None:
@@ -31,6 +18,14 @@ def _fill(page, prompt: str, max_new: int) -> None:
     box.press("Tab")
 
 
+def _own_settings(page) -> None:
+    """What a user changes from the defaults: temperature 0.70, seed 5, DSpark on."""
+    for name, value in (("temperature", "0.70"), ("seed", "5")):
+        page.get_by_role("spinbutton", name=name).fill(value)
+        page.get_by_role("spinbutton", name=name).press("Tab")
+    page.locator(".st-key-inspect_dspark label").click()
+
+
 def _generate(page, prompt: str, max_new: int = 8) -> None:
     """Generate and wait for this run's result (prompts differ from the previous run's, so that an old
     "status done" still on screen is not taken for the new one)."""
@@ -38,7 +33,7 @@ def _generate(page, prompt: str, max_new: int = 8) -> None:
     page.get_by_role("button", name="Generate").click()
     expect(page.locator(".st-key-inspect_output b")).to_have_text(prompt, timeout=120_000)
     page.get_by_text(re.compile(r"status done")).wait_for(timeout=120_000)
-    _settled(page)
+    settled(page)
 
 
 def _output(page) -> str:
@@ -50,7 +45,7 @@ def test_stop_ends_the_run_within_a_step(server, browser, screenshots):
     own top-bar Stop halts the script mid-stream and leaves the page frozen at "Generating…"), and the partial
     run shows as stopped at once."""
     base, log_path = server
-    page = _inspect(browser, base + "/inspect")
+    page = open_inspect(browser, base + "/inspect", height=1400)
     _fill(page, "ROMEO:", 512)
     page.get_by_role("button", name="Generate").click()
     page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^\d+/512 tokens")).wait_for(timeout=60_000)
@@ -59,7 +54,7 @@ def test_stop_ends_the_run_within_a_step(server, browser, screenshots):
     expect(stop).to_have_count(1)
     stop.click()
     expect(page.get_by_text(re.compile(r"status stopped"))).to_be_visible(timeout=5_000)
-    _settled(page)
+    settled(page)
     expect(page.get_by_role("button", name="Stop", exact=True)).to_have_count(0)   # nothing left to stop
     n = int(page.locator("[data-testid='stMetric']").filter(has_text="new tokens").locator(
         "[data-testid='stMetricValue']").inner_text())
@@ -73,13 +68,13 @@ def test_switching_the_model_does_not_show_the_previous_models_run(server, brows
     """Defect 2: after a run on the default model the user picks the tiny random-weight preset: the old run is
     not shown (nor decoded, nor drawn) as this model's live run; switching back shows it again."""
     base, _ = server
-    page = _inspect(browser, base + "/inspect")
+    page = open_inspect(browser, base + "/inspect", height=1400)
     _generate(page, "ROMEO:", 8)
     before = _output(page)
     page.get_by_label("Model to run").click()
     page.get_by_role("option", name=re.compile(r"^tiny-v4\.1 ")).click()
     expect(page.get_by_text(re.compile(r"tiny-v4\.1 · \d+ layers"))).to_be_visible(timeout=120_000)
-    _settled(page)
+    settled(page)
     main = page.locator(MAIN)
     expect(main.get_by_text(re.compile(r"status done"))).to_have_count(0)
     expect(page.locator(".st-key-inspect_output")).to_have_count(0)
@@ -96,7 +91,7 @@ def test_prompt_and_output_are_shown_verbatim(server, browser, screenshots):
     """Defect 4: markdown characters and spaces in the prompt come out as typed (no `**ROMEO: **`), and the
     output says how many characters and how much whitespace it holds."""
     base, _ = server
-    page = _inspect(browser, base + "/inspect")
+    page = open_inspect(browser, base + "/inspect", height=1400)
     for prompt in ("ROMEO: ", "  *ROMEO*"):
         _generate(page, prompt, 4)
         shown = _output(page)
@@ -110,7 +105,7 @@ def test_prompt_and_output_are_shown_verbatim(server, browser, screenshots):
 
 def _token_views(page) -> tuple[str, str, str]:
     """The selected token as the slider shows it, as the URL carries it, and as the Experts panel reads it."""
-    _settled(page)
+    settled(page)
     slider = page.locator(".st-key-inspect_token [data-testid='stSliderThumbValue']").inner_text()
     url = re.search(r"[?&]token=(\d+)", page.url)
     panel = re.search(r"Top-\d+ per layer for token (\d+):", page.inner_text(MAIN))
@@ -121,7 +116,7 @@ def test_token_slider_url_and_panels_agree_after_a_new_run(server, browser, scre
     """Defect 3: the user moves the token slider, then generates again (shorter, then longer): the slider, the
     URL and the panel show the same token, reset to the new run's last token."""
     base, _ = server
-    page = _inspect(browser, base + "/inspect")
+    page = open_inspect(browser, base + "/inspect", height=1400)
     _generate(page, "The king said", 16)
     thumb = page.locator(".st-key-inspect_token input[type=range]")
     thumb.focus()
@@ -145,19 +140,15 @@ def test_settings_survive_a_visit_to_another_page(server, browser, screenshots):
     """Defect 5: the user generates with their own settings, visits Compare and comes back: the form still holds
     the settings of the run shown next to it."""
     base, _ = server
-    page = _inspect(browser, base + "/inspect")
-    page.get_by_role("spinbutton", name="temperature").fill("0.70")
-    page.get_by_role("spinbutton", name="temperature").press("Tab")
-    page.get_by_role("spinbutton", name="seed").fill("5")
-    page.get_by_role("spinbutton", name="seed").press("Tab")
-    page.locator(".st-key-inspect_dspark label").click()
+    page = open_inspect(browser, base + "/inspect", height=1400)
+    _own_settings(page)
     _generate(page, "Call me Ishmael", 6)
     page.get_by_role("link", name="compare").click()
     page.wait_for_function("() => location.pathname.endsWith('/compare')", timeout=30_000)
-    _settled(page)
+    settled(page)
     page.get_by_role("link", name="inspect").click()
     page.get_by_role("button", name="Generate").wait_for(timeout=60_000)
-    _settled(page)
+    settled(page)
     expect(page.get_by_label("Prompt")).to_have_value("Call me Ishmael")
     expect(page.get_by_label("max new tokens")).to_have_value("6")
     expect(page.get_by_role("spinbutton", name="temperature")).to_have_value("0.70")
@@ -172,12 +163,8 @@ def test_a_replayed_trace_shows_and_restores_its_settings(server, browser, tmp_p
     """Defect 13: the user saves a run made with their own settings, changes the form, then replays the saved
     trace: the page says which model and settings made it, and the form holds them again."""
     base, _ = server
-    page = _inspect(browser, base + "/inspect")
-    page.get_by_role("spinbutton", name="temperature").fill("0.70")
-    page.get_by_role("spinbutton", name="temperature").press("Tab")
-    page.get_by_role("spinbutton", name="seed").fill("5")
-    page.get_by_role("spinbutton", name="seed").press("Tab")
-    page.locator(".st-key-inspect_dspark label").click()
+    page = open_inspect(browser, base + "/inspect", height=1400)
+    _own_settings(page)
     page.locator(".st-key-inspect_schedule").click()
     page.get_by_role("option", name=re.compile(r"^threshold")).click()
     _generate(page, "Now is the winter", 6)
@@ -195,7 +182,7 @@ def test_a_replayed_trace_shows_and_restores_its_settings(server, browser, tmp_p
     page.locator(".st-key-inspect_upload [data-testid='stFileUploaderDropzoneInput']").set_input_files(str(path))
     summary = page.locator(".st-key-inspect_run_settings")
     expect(summary).to_contain_text("checkpoint:default", timeout=60_000)
-    _settled(page)
+    settled(page)
     for fact in ("temperature 0.7", "seed 5", "DSpark schedule threshold"):
         expect(summary).to_contain_text(fact)
     expect(page.get_by_label("Prompt")).to_have_value("Now is the winter")
