@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from engine.spec.config import ConfigError, config_from_dict, load_config
+from engine.spec.config import ConfigError, config_from_dict, config_from_text, load_config
 from engine.spec.presets import list_presets
 
 V41 = "configs/deepseek-v4.1-flash.json"
@@ -129,3 +129,41 @@ def test_engram_layout_matches_spec():
     assert a.engram_layout.multipliers() == [
         [76632096046245, 4839876093313, 35959672319349, 73987337458391],
         [67716810739261, 51510806800915, 30921347202721, 82619226485591]]
+
+
+def test_config_text_and_bytes_load_like_the_file():
+    """config_from_text is the one entry for text (the app's upload uses it): str or UTF-8 bytes, a BOM allowed."""
+    text = open(V41_FLAT, encoding="utf-8").read()
+    expected = load_config(V41_FLAT)
+    assert config_from_text(text, name="deepseek-v4.1-flash-inference") == expected
+    assert config_from_text(b"\xef\xbb\xbf" + text.encode(), name="x") == expected
+    with pytest.raises(ConfigError, match=r"^upload\.json: invalid JSON at line 1"):
+        config_from_text(b"{", source="upload.json")
+
+
+def test_hf_null_rope_scaling_means_no_scaling():
+    config = raw(V41)
+    config["text_config"]["rope_scaling"] = None
+    a = config_from_dict(config)
+    assert (a.rope_factor, a.original_seq_len) == (1.0, 0)
+
+
+def test_every_numeric_field_has_a_stated_limit():
+    """engine/spec/limits.py bounds every integer and float field, so that no new field goes unchecked."""
+    from dataclasses import fields
+
+    from engine.spec.config import ModelArgs
+    from engine.spec.limits import ENTRY_RANGES, FLOAT_RANGES, INT_RANGES
+    by_type = {}
+    for f in fields(ModelArgs):
+        by_type.setdefault(f.type, set()).add(f.name)
+    assert by_type["int"] == set(INT_RANGES)
+    assert by_type["float"] | by_type["float | None"] == set(FLOAT_RANGES)
+    assert set(ENTRY_RANGES) <= by_type["tuple[int, ...]"]
+
+
+def test_a_wrong_value_is_reported_under_the_key_the_file_uses():
+    config = raw(V41)
+    config["text_config"]["rms_norm_eps"] = -1
+    with pytest.raises(ConfigError, match=r"'norm_eps' must be above 0, got -1 \(from 'rms_norm_eps' in text_config\)"):
+        config_from_dict(config)

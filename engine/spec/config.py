@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from . import strict_json
+from .config_values import coerce
 from .engram_layout import EngramLayout
 from .errors import ConfigError
+from .limits import JSON_MAX_DEPTH
+from .strict_json import read_capped
 from .validation import validate
 
 
@@ -212,114 +215,119 @@ FIELD_TYPES = {f.name: f.type for f in fields(ModelArgs)}
 
 
 def load_config(path: str | Path) -> ModelArgs:
-    """Read a config.json (HF composite, HF flat, or reference inference form) into ModelArgs."""
+    """Read a config.json (HF composite, HF flat, or reference inference form) into ModelArgs. Reads at most
+    CONFIG_MAX_BYTES + 1 bytes; every problem is a ConfigError starting with the path."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_capped(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (is this really a config.json?)") from None
+    return config_from_text(data, name=path.parent.name if path.name == "config.json" else path.stem,
+                            source=str(path))
+
+
+def config_from_text(data: str | bytes, name: str = "", source: str = "") -> ModelArgs:
+    """The one entry for config text (a file's contents, an upload): JSON text or UTF-8 bytes → ModelArgs.
+    Refused with ConfigError, prefixed by `source` (a path or file name): more than CONFIG_MAX_BYTES, invalid
+    UTF-8 or JSON, duplicate keys, deep nesting, and everything config_from_dict refuses."""
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    name = path.parent.name if path.name == "config.json" else path.stem
-    try:
-        return config_from_dict(raw, name=name)
+        return config_from_dict(strict_json.loads(data), name=name)
     except ConfigError as e:
-        raise ConfigError(f"{path.name}: {e}") from None
+        raise ConfigError(f"{source}: {e}" if source else str(e)) from None
 
 
 def config_from_dict(raw: Any, name: str = "") -> ModelArgs:
+    """A parsed config (any of the three forms) → ModelArgs; ConfigError names the key and the problem."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"top level must be a JSON object, got {type(raw).__name__}")
-    values = _flatten(raw)
+        raise ConfigError(f"top level must be a JSON object, got {_json_kind(raw)}")
+    if strict_json.nesting_depth(raw) > JSON_MAX_DEPTH:  # a dict built in Python skipped strict_json.loads
+        raise ConfigError(f"objects or lists nest more than {JSON_MAX_DEPTH} levels deep")
+    values, origin = _flatten(raw)
     if not values.get("model_type") and "architectures" in raw:
-        arch = " ".join(raw["architectures"]).lower()
-        values["model_type"] = "deepseek_v41" if "v41" in arch else "deepseek_v4"
+        values["model_type"] = _model_type_from(raw["architectures"])
     missing = [k for k in REQUIRED if k not in values]
     if missing:
-        raise ConfigError("missing required key(s): " + ", ".join(missing))
-    return ModelArgs(name=name, **{k: _coerce(k, v) for k, v in values.items()})
+        hf = {v: k for k, v in ALIASES.items() if v in missing and "." not in k}
+        names = [f"{k} ({hf[k]})" if k in hf else k for k in missing]
+        hint = ""
+        if "text_config" not in raw and {"vision_config", "architectures", "quantization_config"} & raw.keys():
+            hint = ("; this looks like the HF composite form, which keeps the text model's keys in a "
+                    "'text_config' object, and it has none")
+        raise ConfigError("missing required key(s): " + ", ".join(names) + hint)
+    try:
+        return ModelArgs(name=name, **{key: coerce(key, FIELD_TYPES[key], value) for key, value in values.items()})
+    except ConfigError as e:  # name the key as the file spells it when that differs ('factor' in ...rope_scaling)
+        key = str(e).partition("'")[2].partition("'")[0].partition("[")[0]
+        raise ConfigError(f"{e} (from {origin[key]})" if key in origin else str(e)) from None
 
 
-def _flatten(raw: dict) -> dict[str, Any]:
-    """Merge text_config/vision_config/rope_scaling/quantization_config into one field dict."""
-    is_hf = "text_config" in raw or "hidden_size" in raw
+def _model_type_from(architectures: Any) -> str:
+    """model_type of a config that names only its `architectures` (a list of class names)."""
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ConfigError(f"'architectures' must be a list of class names, got {strict_json.shown(architectures)}")
+    return "deepseek_v41" if "v41" in " ".join(architectures).lower() else "deepseek_v4"
+
+
+def _flatten(raw: dict) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge text_config/vision_config/rope_scaling/quantization_config into one field dict; also return, per
+    field, where its value came from ('hidden_size in text_config') for messages."""
+    is_hf = bool({"text_config", "hidden_size", "vision_config", "transformers_version"} & raw.keys())
     out: dict[str, Any] = {}
+    origin: dict[str, str] = {}
 
     def take(key: str, value: Any, where: str) -> None:
+        shown_key = strict_json.shown_key(key)
         if key in NESTED:
+            if value is None:  # HF writes "rope_scaling": null for no scaling
+                return
             if not isinstance(value, dict):
-                raise ConfigError(f"'{key}' in {where} must be an object, got {type(value).__name__}")
+                raise ConfigError(f"'{key}' in {where} must be an object, got {_json_kind(value)}")
             for k, v in value.items():
                 take(k, v, f"{where}.{key}")
             return
         if key == "dtype" and is_hf and not where.endswith("quantization_config"):
             return  # HF's "dtype" is the activation torch dtype, not the weight storage format
-        if key in REQUIRED_VALUES and value != REQUIRED_VALUES[key]:
-            raise ConfigError(f"'{key}' in {where} is {value!r}; only {REQUIRED_VALUES[key]!r} is supported")
+        if key in REQUIRED_VALUES and (type(value) is not type(REQUIRED_VALUES[key]) or value != REQUIRED_VALUES[key]):
+            shown = repr(value[:60]) if isinstance(value, str) else strict_json.shown(value)
+            raise ConfigError(f"'{key}' in {where} is {shown}; only {REQUIRED_VALUES[key]!r} is supported")
         if key == "model_type" and isinstance(value, str):
             value = value.removesuffix("_text")  # HF composite: "deepseek_v41" outside, "..._text" inside
         target = ALIASES.get(key, key) if key in ALIASES else key
         if target is None:
             return
         if target not in FIELD_TYPES or target == "name":
-            hint = difflib.get_close_matches(key, list(FIELD_TYPES) + list(ALIASES), n=1)
-            raise ConfigError(f"unknown key '{key}' in {where}" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+            hint = difflib.get_close_matches(str(key)[:100], list(FIELD_TYPES) + list(ALIASES), n=1)
+            raise ConfigError(f"unknown key '{shown_key}' in {where}"
+                              + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         if target in out and out[target] != value:
-            raise ConfigError(f"'{key}' in {where} conflicts with an earlier value for '{target}'")
+            raise ConfigError(f"'{shown_key}' in {where} conflicts with an earlier value for '{target}'")
         out[target] = value
+        if key != target or where != "config":
+            origin[target] = f"'{shown_key}' in {where}"
 
     for key, value in raw.items():
         if key in ("text_config", "vision_config"):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{key}' must be an object, got {type(value).__name__}")
+                raise ConfigError(f"'{key}' must be an object, got {_json_kind(value)}")
             for k, v in value.items():
                 if key == "vision_config":
                     target = ALIASES.get(f"vision.{k}", f"vision_{k}")
                     if target is None:
                         continue
                     if target not in FIELD_TYPES:
-                        raise ConfigError(f"unknown key '{k}' in vision_config")
+                        raise ConfigError(f"unknown key '{strict_json.shown_key(k)}' in vision_config")
                     out[target] = v
+                    origin[target] = f"'{strict_json.shown_key(k)}' in vision_config"
                 else:
                     take(k, v, "text_config")
         else:
             take(key, value, "config")
-    return out
+    return out, origin
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """Check a JSON value against the field's type; lists become tuples."""
-    kind = FIELD_TYPES[key]
-    bad = ConfigError(f"'{key}' must be {_describe(kind)}, got {json.dumps(value)}")
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise bad
-        return int(value)
-    if kind == "float" or (kind == "float | None" and value is not None):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(value)
-    if kind == "float | None":
-        return None
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if kind == "str":
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if kind == "tuple[int, ...]":
-        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise bad
-        return tuple(value)
-    raise AssertionError(f"unhandled field type {kind} for {key}")
-
-
-def _describe(kind: str) -> str:
-    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "tuple[int, ...]": "a list of integers", "float | None": "a number or null"}[kind]
+def _json_kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    return {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
