@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.trace import DSparkStep, Trace, TraceBudget, TraceFormatError, load_trace, save_trace
+from engine.trace import DSparkStep, Trace, TraceBudget, TraceFormatError, load_trace, load_trace_bytes, save_trace
 
 FORMATS = ("t.json", "t.parquet.zip", "t.safetensors")
 
@@ -83,6 +83,15 @@ def test_empty_trace_round_trips(tmp_path, name):
     t = Trace(TraceBudget(max_tokens=None, layers={3, "mtp.0"}))
     save_trace(t, tmp_path / name)
     assert load_trace(tmp_path / name) == t
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_bytes_round_trip_and_name_errors_by_the_given_name(tmp_path, name):
+    t = rich_trace()
+    data = save_trace(t, tmp_path / name).read_bytes()
+    assert load_trace_bytes(f"upload/{name}", data) == t
+    with pytest.raises(TraceFormatError, match=f"^upload/{name}: "):
+        load_trace_bytes(f"upload/{name}", data[: len(data) // 2])
 
 
 def test_parquet_tables_are_readable_by_pandas(tmp_path):

@@ -1,20 +1,21 @@
-"""Trace tables as files: JSON, a zip of Parquet tables, or safetensors; the file suffix picks the format."""
+"""Trace tables as files: JSON, a zip of Parquet tables, or safetensors; the file suffix picks the format. Reading
+checks the limits (limits.py) before the bulk of a file is parsed, and turns whatever a foreign or damaged file
+causes into TraceFormatError naming the file."""
 from __future__ import annotations
 
-import io
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..spec.errors import InputError, MissingFileError
-from .tables import FORMAT, TABLES, TraceFormatError
+from .limits import MAX_FILE_BYTES, MAX_JSON_CONTAINERS, MAX_JSON_STRINGS, MAX_JSON_VALUES, MiB
+from .parquet_zip import read_parquet_zip, write_parquet_zip
+from .safetensors_file import read_safetensors, write_safetensors
+from .tables import TraceFormatError
 
 SUFFIXES = {".json": "json", ".parquet.zip": "parquet", ".zip": "parquet", ".safetensors": "safetensors"}
-HEADER_NAME = "trace.json"   # inside the Parquet zip
-META_KEY = FORMAT            # key of the JSON header in the safetensors metadata
 
 
 def trace_format(path: str | Path) -> str:
@@ -34,126 +35,92 @@ def write_tables(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any
         body = {"header": header, "tables": {n: {c: v.tolist() for c, v in t.items()} for n, t in tables.items()}}
         path.write_text(json.dumps(body, ensure_ascii=False, allow_nan=True), encoding="utf-8")
     elif fmt == "parquet":
-        _save_parquet(tables, header, path)
+        path.write_bytes(write_parquet_zip(tables, header))
     elif fmt == "safetensors":
-        _save_safetensors(tables, header, path)
+        path.write_bytes(write_safetensors(tables, header))
     else:
         raise InputError(f"unknown trace format {fmt!r}; choose json, parquet or safetensors")
     return path
 
 
-def read_tables(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-    """(tables, header) from a file written by write_tables; a corrupt or foreign file raises
-    TraceFormatError naming the file (never pickle)."""
+def read_tables(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], Any]:
+    """(tables, header) from a file written by write_tables; a corrupt, foreign or oversized file raises
+    TraceFormatError naming the file (never pickle). The header is checked later, by decode_tables."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such trace file")
     fmt = trace_format(path)
     try:
-        if fmt == "json":
-            return _load_json(path)
-        if fmt == "parquet":
-            return _load_parquet(path)
-        return _load_safetensors(path)
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES[fmt]:
+            raise TraceFormatError(f"{path}: {_too_large(fmt, size)}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES[fmt] + 1)  # a file that grew since stat is still refused by size
+    except OSError as e:
+        raise TraceFormatError(f"{path}: cannot read the file ({e.strerror or e})") from None
+    return read_tables_bytes(str(path), data)
+
+
+def read_tables_bytes(name: str, data: bytes) -> tuple[dict[str, dict[str, np.ndarray]], Any]:
+    """read_tables for a file's bytes (an upload); `name` picks the format and is named in errors."""
+    fmt = trace_format(name)
+    try:
+        if not data:
+            raise TraceFormatError("the file is empty")
+        if len(data) > MAX_FILE_BYTES[fmt]:
+            raise TraceFormatError(_too_large(fmt, len(data)))
+        return {"json": _read_json, "parquet": read_parquet_zip, "safetensors": read_safetensors}[fmt](bytes(data))
     except TraceFormatError as e:
-        raise TraceFormatError(f"{path}: {e}") from None
+        raise TraceFormatError(f"{name}: {e}") from None
+    except MemoryError:
+        raise TraceFormatError(f"{name}: too large to read in the memory available") from None
+    except Exception as e:  # a foreign file can fail inside zipfile, zlib, pyarrow or json in many ways
+        raise TraceFormatError(f"{name}: not a readable {fmt} trace ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _too_large(fmt: str, size: int) -> str:
+    return (f"the file has {size / MiB:,.1f} MiB; a {fmt} trace may have at most {MAX_FILE_BYTES[fmt] // MiB} MiB "
+            "(the largest the app and CLI write is far smaller)")
 
 
 # ---- JSON -------------------------------------------------------------------------------------
 
-def _load_json(path: Path) -> tuple[dict, dict]:
+def _read_json(data: bytes) -> tuple[Any, Any]:
+    _check_json_counts(data)
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise TraceFormatError("not a text file, so not a JSON trace") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"not UTF-8 text (byte {e.start:,}), so not a JSON trace") from None
+    try:
+        body = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise TraceFormatError("the JSON nests too deeply to be a trace (a trace nests 4 levels)") from None
     if not isinstance(body, dict) or "header" not in body or "tables" not in body:
         raise TraceFormatError("JSON lacks the 'header' and 'tables' of a v41viz trace")
     return body["tables"], body["header"]
 
 
-# ---- Parquet (zip of one .parquet per table + trace.json) -------------------------------------
-
-def _save_parquet(tables: dict, header: dict, path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
-        z.writestr(HEADER_NAME, json.dumps(header, ensure_ascii=False, allow_nan=True))
-        for name, cols in tables.items():
-            arrow = pa.table({c: pa.array(v, type=pa.string()) if v.dtype == object else pa.array(v)
-                              for c, v in cols.items()})
-            buf = io.BytesIO()
-            pq.write_table(arrow, buf)
-            z.writestr(f"{name}.parquet", buf.getvalue())
-
-
-def _load_parquet(path: Path) -> tuple[dict, dict]:
-    import pyarrow.parquet as pq
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = set(z.namelist())
-            if HEADER_NAME not in names:
-                raise TraceFormatError(f"zip has no {HEADER_NAME}, so it is not a v41viz trace")
-            header = json.loads(z.read(HEADER_NAME).decode("utf-8"))
-            tables = {}
-            for name in TABLES:
-                if f"{name}.parquet" not in names:
-                    raise TraceFormatError(f"zip lacks {name}.parquet")
-                table = pq.read_table(io.BytesIO(z.read(f"{name}.parquet")))
-                tables[name] = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
-    except zipfile.BadZipFile:
-        raise TraceFormatError("not a zip file (a Parquet trace is a .parquet.zip of tables)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceFormatError(f"{HEADER_NAME} is not valid JSON ({e})") from None
-    except OSError as e:  # pyarrow reports a damaged Parquet body as ArrowInvalid (an OSError subclass)
-        raise TraceFormatError(f"damaged Parquet table: {e}") from None
-    return tables, header
+def _check_json_counts(data: bytes) -> None:
+    """Bound what json.loads would build, from the raw bytes: containers (brackets), strings (quote pairs) and
+    values (commas + containers). Characters inside strings only over-count."""
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > MAX_JSON_CONTAINERS:
+        raise TraceFormatError(f"the JSON has {containers:,} opening brackets; a trace has at most "
+                               f"{MAX_JSON_CONTAINERS:,} lists and objects")
+    strings = data.count(b'"') // 2
+    if strings > MAX_JSON_STRINGS:
+        raise TraceFormatError(f"the JSON has {strings:,} strings; a trace has at most {MAX_JSON_STRINGS:,}")
+    values = data.count(b",") + containers + 1
+    if values > MAX_JSON_VALUES:
+        raise TraceFormatError(f"the JSON has up to {values:,} values; a trace has at most {MAX_JSON_VALUES:,}")
 
 
-# ---- safetensors (numeric columns as tensors; strings dictionary-encoded, header in metadata) --
-
-def _save_safetensors(tables: dict, header: dict, path: Path) -> None:
-    from safetensors.numpy import save_file
-    tensors: dict[str, np.ndarray] = {}
-    categories: dict[str, list[str]] = {}
-    for name, cols in tables.items():
-        for c, v in cols.items():
-            key = f"{name}/{c}"
-            if v.dtype == object:  # strings: int32 codes into a per-column category list
-                cats, codes = np.unique(v.astype(str), return_inverse=True) if len(v) else (np.array([], str), v)
-                categories[key] = cats.tolist()
-                tensors[key] = np.asarray(codes, dtype=np.int32).reshape(len(v))
-            else:
-                tensors[key] = np.ascontiguousarray(v)
-    meta = dict(header, categories=categories)
-    save_file(tensors, str(path), metadata={META_KEY: json.dumps(meta, ensure_ascii=False, allow_nan=True)})
-
-
-def _load_safetensors(path: Path) -> tuple[dict, dict]:
-    from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(str(path), framework="np") as f:
-            raw = (f.metadata() or {}).get(META_KEY)
-            if raw is None:
-                raise TraceFormatError("safetensors file has no v41viz trace header (is it a checkpoint?)")
-            header: dict[str, Any] = json.loads(raw)
-            categories = header.pop("categories", {})
-            arrays = {k: f.get_tensor(k) for k in f.keys()}
-    except SafetensorError as e:
-        raise TraceFormatError(f"not a readable safetensors file ({e})") from None
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(f"trace header is not valid JSON ({e})") from None
-    tables: dict[str, dict[str, np.ndarray]] = {n: {} for n in TABLES}
-    for key, arr in arrays.items():
-        name, _, col = key.partition("/")
-        if name not in tables:
-            raise TraceFormatError(f"unexpected tensor '{key}'")
-        if key in categories:
-            cats = np.array(categories[key], dtype=object)
-            if arr.size and (arr.min() < 0 or arr.max() >= len(cats)):
-                raise TraceFormatError(f"string codes of '{key}' point outside its category list")
-            arr = cats[arr] if len(cats) else np.array([], dtype=object)
-        tables[name][col] = arr
-    return tables, header
-
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise TraceFormatError(f"the JSON names key '{twice}' twice in one object")
+    return out

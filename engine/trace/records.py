@@ -76,6 +76,8 @@ class TokenRecord:
     top_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     top_logits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     top_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    logprob: float = math.nan       # log-probability the model gave this token at its position (a prompt token's
+    #                                 teacher-forced, from the prompt's logits; NaN when not recorded)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TokenRecord) and records_equal(vars(self), vars(other))

@@ -9,9 +9,10 @@ import numpy as np
 
 from ..spec.errors import InputError
 from .arrays import as_list, as_numpy, as_numpy_many
-from .formats import read_tables, trace_format, write_tables
+from .decode import decode_tables
+from .formats import read_tables, read_tables_bytes, trace_format, write_tables
 from .records import FACT_FIELDS, MHC_SITES, DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
-from .tables import TraceFormatError, build_tables, decode_tables
+from .tables import TraceFormatError, build_tables
 
 
 class Trace:
@@ -66,19 +67,36 @@ class Trace:
         for i, (tid, text) in enumerate(zip(token_ids, texts, strict=True)):
             self._tokens.setdefault(row, {})[start_pos + i] = TokenRecord(row, start_pos + i, int(tid), text, False)
 
+    def record_prompt_logits(self, row: int, start_pos: int, logits) -> None:
+        """Teacher-forced logits [L, V] of a recorded prompt at positions start_pos..start_pos+L-1: row j is the
+        model's prediction of the prompt token at start_pos + j + 1, which gets its top-k and log-probability."""
+        tokens = self._tokens.get(row, {})
+        for j in range(len(logits)):
+            rec = tokens.get(start_pos + j + 1)
+            if rec is not None and not rec.generated:
+                self._predicted(rec, logits[j])
+
     def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
                      logits=None) -> None:
-        """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k."""
+        """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k and the
+        token's log-probability."""
         rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
+        if logits is not None:
+            self._predicted(rec, logits)
+        self._tokens.setdefault(rec.row, {})[rec.pos] = rec
+
+    def _predicted(self, rec: TokenRecord, logits) -> None:
+        """The budget's top-k of the logits [V] that predicted rec, and rec's own log-probability under them."""
+        import torch  # only generation passes tensors here
+        lf = logits.detach().float().reshape(-1)
+        if 0 <= rec.token_id < lf.numel():
+            rec.logprob = float(torch.log_softmax(lf, -1)[rec.token_id])
         k = self.budget.top_k_logits
-        if logits is not None and k > 0:
-            import torch  # only generation passes tensors here
-            lf = logits.detach().float().reshape(-1)
+        if k > 0:
             top = torch.topk(lf, min(k, lf.numel()))
             rec.top_ids = top.indices.cpu().numpy().astype(np.int64)
             rec.top_logits = top.values.cpu().numpy().astype(np.float32)
             rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
-        self._tokens.setdefault(rec.row, {})[rec.pos] = rec
 
     def record_dspark_step(self, step: DSparkStep) -> None:
         self.dspark_steps.append(step)
@@ -203,12 +221,20 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        """Read a trace written by save; a corrupt or foreign file raises TraceFormatError naming it."""
-        tables, header = read_tables(path)
+        """Read a trace written by save; a corrupt, foreign or oversized file raises TraceFormatError naming it."""
+        return cls._from_file(str(path), *read_tables(path))
+
+    @classmethod
+    def from_bytes(cls, name: str, data: bytes) -> Trace:
+        """Trace.load for a file's bytes (an upload): `name`'s suffix picks the format; errors name it."""
+        return cls._from_file(name, *read_tables_bytes(name, data))
+
+    @classmethod
+    def _from_file(cls, name: str, tables, header) -> Trace:
         try:
             return cls.from_tables(tables, header)
         except TraceFormatError as e:
-            raise TraceFormatError(f"{path}: {e}") from None
+            raise TraceFormatError(f"{name}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
@@ -285,3 +311,8 @@ def save_trace(trace: Trace, path: str | Path, fmt: str | None = None) -> Path:
 def load_trace(path: str | Path) -> Trace:
     """Trace.load as a function."""
     return Trace.load(path)
+
+
+def load_trace_bytes(name: str, data: bytes) -> Trace:
+    """Trace.from_bytes as a function: a trace from an uploaded file's name and bytes."""
+    return Trace.from_bytes(name, data)
