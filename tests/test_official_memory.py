@@ -65,7 +65,8 @@ def write_random_official(folder: Path, n_shards: int, args: ModelArgs | None = 
                           values: dict[str, torch.Tensor] | None = None) -> dict[str, int]:
     """The official layout of `args` (default: the default checkpoint's architecture widened to 96 routed
     experts of width 1024, ~260 MiB) in `n_shards` shards: a real loader input without a writer run.
-    Without `values`, random bytes in every tensor; with them (float tensors by name, e.g. an initialised
+    Without `values`, random bytes in every tensor, each value's exponent kept finite (the loader refuses NaN / Inf
+    weights); with them (float tensors by name, e.g. an initialised
     model's state dict) each tensor is encoded as `engine quantize` does, and the Engram tables, absent from
     `values`, get valid random codes (valid_engram_table): a checkpoint that generates finite logits."""
     args = args or official_args(load_config(DEFAULT / "config.json")).replace(n_routed_experts=96, moe_inter_dim=1024)
@@ -98,6 +99,7 @@ def stored_tensors(spec: TensorSpec, args: ModelArgs, values: dict[str, torch.Te
     """The stored tensor(s) for one inventory entry: {name: tensor}, plus `.scale` for a quantized weight."""
     if values is None:
         raw = torch.randint(0, 256, (spec.nbytes,), dtype=torch.uint8, generator=gen)
+        raw.view(-1, DTYPES[spec.dtype].itemsize)[:, -1] &= E4M3_MODEST   # top exponent bit of each value cleared
         return {spec.name: raw.view(DTYPES[spec.dtype]).reshape(spec.shape)}
     if spec.name.endswith(ENGRAM_TABLE_SUFFIX):
         return valid_engram_table(spec, args, gen)

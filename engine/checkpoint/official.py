@@ -2,7 +2,6 @@
 before anything is copied, shards read memory-mapped one at a time, host-resident tables as RowSources."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -15,7 +14,11 @@ from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
 from ..spec.inventory import TensorSpec
 from .errors import CheckpointError
+from .finite import check_finite, check_scale_range
+from .header import read_safetensors_header
+from .index import read_weight_map
 from .official_layout import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, official_folder, weight_name
+from .paths import existing
 
 # safetensors dtype code → torch dtype, for every code the official inventory uses
 TORCH_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
@@ -36,10 +39,17 @@ class ShardRows:
     scales): each row asked for is read with a positioned read (os.pread) at its offset in the shard, so only
     those bytes pass through the page cache and nothing of the table enters the process's resident set. (A
     memory map would not do: Linux maps a touched file page's whole page-cache folio, up to 2 MiB, so random
-    rows of a memory-mapped table fill the resident set with most of the table.)"""
+    rows of a memory-mapped table fill the resident set with most of the table.)
 
-    def __init__(self, shard: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype):
+    Every row read is checked for NaN codes (and, for a scale of a `weight_code` weight, for a value that overflows
+    its block): a table of the released model holds 189 GiB, too much to scan at load, while the rows a step
+    reads are a few KiB, so checking them costs next to nothing. A damaged row raises CheckpointError when first
+    used, naming the table, the row and the shard."""
+
+    def __init__(self, shard: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                 weight_code: str | None = None):
         self.shard, self.name, self.shape, self.dtype = shard, name, tuple(shape), dtype
+        self.weight_code = weight_code
         self.row_bytes = math.prod(self.shape[1:]) * torch.empty((), dtype=dtype).element_size()
         self._file = None
         self._start = 0
@@ -53,7 +63,11 @@ class ShardRows:
             raise InputError(f"row ids {int(flat.min())}..{int(flat.max())} are outside '{self.name}' "
                              f"({self.shape[0]} rows, {self.shard.name})")
         unique, inverse = torch.unique(flat, return_inverse=True)              # each row read once, in file order
-        got = self._read(unique.tolist())                                      # [U, cols]
+        rows = unique.tolist()
+        got = self._read(rows)                                                 # [U, cols]
+        check_finite(got, self.name, str(self.shard), row_ids=rows)
+        if self.weight_code is not None:
+            check_scale_range(got, self.name, self.weight_code, str(self.shard), row_ids=rows)
         return got[inverse].reshape(*ids.shape, *self.shape[1:])               # [..., cols]
 
     def _read(self, rows: list[int]) -> torch.Tensor:
@@ -66,15 +80,17 @@ class ShardRows:
     def _open(self) -> int:
         """The shard's file descriptor, opened on first use, and where this tensor's bytes start in it."""
         if self._file is None:
+            header = read_safetensors_header(self.shard)
+            entry = header.entries.get(self.name)
+            if entry is None:
+                raise CheckpointError(f"'{self.name}' is missing from shard {self.shard.name}")
+            if entry.end - entry.begin != self.shape[0] * self.row_bytes:
+                raise CheckpointError(f"'{self.name}' in shard {self.shard.name} holds {entry.end - entry.begin} "
+                                      f"bytes, not {self.shape[0]} rows of {self.row_bytes}")
             file = open(self.shard, "rb", buffering=0)  # noqa: SIM115 (held for the source's lifetime)
-            header_len = int.from_bytes(file.read(8), "little")
-            begin, end = json.loads(file.read(header_len))[self.name]["data_offsets"]
-            if end - begin != self.shape[0] * self.row_bytes:
-                raise CheckpointError(f"'{self.name}' in shard {self.shard.name} holds {end - begin} bytes, not "
-                                      f"{self.shape[0]} rows of {self.row_bytes}")
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around a row
-            self._file, self._start = file, 8 + header_len + begin
+            self._file, self._start = file, header.data_start + entry.begin
         return self._file.fileno()
 
     def __getstate__(self) -> dict:  # copies and pickles reopen the file on first use
@@ -89,7 +105,7 @@ class OfficialCheckpoint:
     model.safetensors.index.json (or one model.safetensors), and the shards. Reads headers and tensors lazily."""
 
     def __init__(self, path: str | Path):
-        folder = official_folder(path)
+        folder = official_folder(existing(path))
         if folder is None:
             raise CheckpointError(f"{path}: not an official-format checkpoint (its {CONFIG_NAME} has no "
                                   "quantization_config)")
@@ -103,28 +119,17 @@ class OfficialCheckpoint:
     def _read_weight_map(self) -> dict[str, str]:
         index = self.folder / INDEX_NAME
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from None
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
-            return weight_map
+            return read_weight_map(index)
         single = self.folder / SINGLE_NAME
         if single.is_file():
             return {name: SINGLE_NAME for name in self._header(SINGLE_NAME)}
         raise CheckpointError(f"{self.folder}: neither {INDEX_NAME} nor {SINGLE_NAME} is there")
 
     def _header(self, shard: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """name → (safetensors dtype code, shape) of one shard, from its header only (cached)."""
+        """name → (safetensors dtype code, shape) of one shard, from its header only (checked by header.py, cached)."""
         if shard not in self._headers:
-            from safetensors import SafetensorError, safe_open
-            try:
-                with safe_open(str(self.folder / shard), framework="pt") as f:
-                    slices = {n: f.get_slice(n) for n in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-                    self._headers[shard] = {n: (s.get_dtype(), tuple(s.get_shape())) for n, s in slices.items()}
-            except SafetensorError as e:
-                raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from None
+            entries = read_safetensors_header(self.folder / shard).entries
+            self._headers[shard] = {n: (e.code, e.shape) for n, e in entries.items()}
         return self._headers[shard]
 
     def locate(self, names: Iterable[str], inventory: dict[str, TensorSpec]) -> dict[str, Located]:
@@ -186,7 +191,17 @@ class OfficialCheckpoint:
                         name = next(pending, None)
 
     def row_source(self, loc: Located) -> ShardRows:
-        return ShardRows(loc.shard, loc.spec.name, loc.spec.shape, TORCH_DTYPES[loc.spec.dtype])
+        """The rows of a located host-resident tensor; a scale's rows are also checked against its weight's format."""
+        weight_code = self.stored_code(weight_name(loc.spec.name)) if loc.spec.is_scale else None
+        return ShardRows(loc.shard, loc.spec.name, loc.spec.shape, TORCH_DTYPES[loc.spec.dtype], weight_code)
+
+    def stored_code(self, name: str) -> str | None:
+        """The safetensors dtype code `name` is stored with, or None if the index or its shard lacks it."""
+        shard = self.weight_map.get(name)
+        if shard is None or not (self.folder / shard).is_file():
+            return None
+        entry = self._header(shard).get(name)
+        return entry[0] if entry is not None else None
 
     def metadata(self) -> dict[str, str]:
         """The first shard's safetensors metadata (the producer and format); {} when no shard is there."""

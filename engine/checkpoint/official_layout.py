@@ -15,6 +15,7 @@ QUANTIZED_CODES = ("F8_E4M3", "I8")     # stored with a companion `.scale` (E8M0
 ENGRAM_TABLE_SUFFIX = ".engram.embed.weight"
 ENGRAM_BLOCK = (1, 32)                   # one scale per row and 32 channels
 FP4_BLOCK = (1, 32)                      # one scale per row and 32 inputs
+CONFIG_PEEK_BYTES = 4 << 20              # config.json files are a few KB; load_config reports a larger one
 
 
 def shard_name(index: int, count: int) -> str:
@@ -36,8 +37,14 @@ def official_folder(path: str | Path) -> Path | None:
 def declares_quantization(config: Path) -> bool:
     """Whether a config.json (flat, or HF composite with text_config) has a quantization_config object."""
     try:
-        raw = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        if not config.is_file():  # nothing there, or a pipe or device that a read would block on
+            return False
+        with open(config, "rb") as f:
+            data = f.read(CONFIG_PEEK_BYTES + 1)
+        if len(data) > CONFIG_PEEK_BYTES:
+            return False
+        raw = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
         return False  # no readable config: not recognisably official; the regular loader reports the problem
     if not isinstance(raw, dict):
         return False

@@ -13,8 +13,9 @@ from ..quant.formats import dequantize_fp4, dequantize_fp8
 from ..spec.config import ModelArgs, load_config
 from ..spec.inventory import TensorSpec, inventory_tuple
 from .errors import CheckpointError
-from .official import FLOAT_TARGETS, TORCH_DTYPES, OfficialCheckpoint
-from .official_layout import CONFIG_NAME, QUANTIZED_CODES, scale_block, scale_name
+from .finite import check_finite, check_scale_range
+from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint
+from .official_layout import CONFIG_NAME, QUANTIZED_CODES, scale_block, scale_name, weight_name
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -54,7 +55,11 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
     * a float tensor whose stored form is FP8 or FP4 gets the dequantized weight: `wo_a` (spec §2.4), or every
       weight of an unquantized reference model (the dequantized run the tests compare with);
     * every module with `host_resident = True` gets its tensors as RowSources: `module.attach(weight=…, scale=…)`.
-    Every tensor is checked (OfficialCheckpoint.locate) before anything is modified. Returns the metadata."""
+    Every tensor's name, dtype and shape is checked (OfficialCheckpoint.locate) before anything is modified. The
+    values are checked as they are copied, in the one pass that reads them (finite.py: NaN / Inf, NaN codes, scales
+    that overflow their block; a dequantized weight after dequantization): a damaged tensor stops the load with
+    CheckpointError and leaves the model partly filled (load_official_model discards it). Host-resident rows are
+    checked as they are read (ShardRows). Returns the metadata."""
     ckpt = OfficialCheckpoint(path)
     args = args or model.args
     plan = plan or plan_load(model, args)
@@ -66,6 +71,7 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
         for name, stored in ckpt.tensors({n: located[n] for n in plan.stored}):
             if name in plan.dequantized:
                 stored = _dequantize(name, stored, scales.pop(scale_name(name)), located[name].spec, args)
+            _check_values(name, stored, located)
             state[name].copy_(stored)
             del stored  # drop the view so that the mapping's pages can go
     for prefix, names in plan.host.items():
@@ -121,6 +127,15 @@ def _dequantized(state: dict[str, torch.Tensor], inventory: dict[str, TensorSpec
         if tuple(target.shape) != want:
             problems.append(f"the model's '{name}' has shape {list(target.shape)}; the stored tensor needs {list(want)}")
     return dequantized, problems
+
+
+def _check_values(name: str, stored: torch.Tensor, located: dict[str, Located]) -> None:
+    """A tensor as the model holds it must be finite (a dequantized weight is checked after dequantization, which
+    covers its scale); a scale kept as stored must not overflow its weight's blocks."""
+    where = str(located[name].shard)
+    check_finite(stored, name, where)
+    if located[name].spec.is_scale and weight_name(name) in located:
+        check_scale_range(stored, name, located[weight_name(name)].spec.dtype, where)
 
 
 def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: TensorSpec, args: ModelArgs) -> torch.Tensor:

@@ -15,6 +15,7 @@ from ..spec.config import ModelArgs, load_config
 from ..spec.inventory import TensorSpec, inventory_tuple
 from ..text.vocab import ID_MAP_NAME
 from .errors import CheckpointError
+from .finite import check_finite
 from .official import TORCH_DTYPES
 from .official_layout import (
     CONFIG_NAME,
@@ -26,7 +27,7 @@ from .official_layout import (
     scale_name,
     shard_name,
 )
-from .store import checkpoint_files, config_beside, read_header
+from .store import checkpoint_files, config_beside, read_header, stored_tensors
 
 DEFAULT_SHARD_BYTES = 5 << 30     # without --shards: about 5 GiB per shard (the release: 48 of about 10 GiB)
 FLOAT_SOURCES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -54,6 +55,8 @@ def write_official(source: str | Path, out: str | Path, shards: int | None = Non
     inventory = inventory_tuple(args)
     header = read_header(files)
     _check_source(header, inventory, source)
+    for file, name, value in stored_tensors(files):  # NaN / Inf would quantize to NaN codes: refuse before writing
+        check_finite(value, name, str(file))
     groups = _pairs(inventory)
     count = shards if shards is not None else max(1, -(-sum(s.nbytes for s in inventory) // DEFAULT_SHARD_BYTES))
     if count < 1 or count > len(groups):

@@ -8,9 +8,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..spec.config import ModelArgs, load_config
-from ..spec.errors import InputError, MissingFileError
+from ..spec.errors import InputError
 from .errors import CheckpointError
+from .finite import check_finite
+from .header import read_safetensors_header
+from .index import read_weight_map
 from .official_layout import official_folder
+from .paths import existing
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -57,10 +61,12 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
     apply the speed transforms its options ask for (engine.speedups.prepare_for_inference)."""
     from ..model import Transformer
     from ..speedups import prepare_for_inference
+    existing(path)
     if official_folder(path) is not None:  # FP8 / FP4 shards with an index: read lazily, kept quantized
         from .official_load import load_official_model
         return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
     args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
+    check_index(path, read_header(checkpoint_files(path)))  # a broken file is refused before the model is built
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     load_weights(model, path)
     return args, prepare_for_inference(model)
@@ -76,12 +82,21 @@ def config_beside(path: str | Path) -> Path:
 
 def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
     """The IdMap of a reduced-vocabulary checkpoint (id_map.json beside the weights), or None for a
-    full-vocabulary one. CheckpointError if its size differs from the config's vocab_size."""
+    full-vocabulary one. CheckpointError if the file is unreadable or malformed, if its size differs from the
+    config's vocab_size, or if a config smaller than the tokenizer's vocabulary comes without one."""
     from ..text.vocab import ID_MAP_NAME, IdMap
     file = _weights_folder(path) / ID_MAP_NAME
     if not file.is_file():
+        if vocab_size < tokenizer.full_vocab_size:
+            raise CheckpointError(f"{file.parent}: {ID_MAP_NAME} is missing: the config's vocab_size {vocab_size} is "
+                                  f"a reduced vocabulary (the tokenizer has {tokenizer.full_vocab_size} ids), and "
+                                  f"only the {ID_MAP_NAME} saved with the weights says which tokens the model's ids "
+                                  "are; copy it next to the weights")
         return None
-    id_map = IdMap.load(file, tokenizer)
+    try:
+        id_map = IdMap.load(file, tokenizer)
+    except InputError as e:  # a malformed map is a broken checkpoint
+        raise CheckpointError(str(e)) from None
     if id_map.vocab_size != vocab_size:
         raise CheckpointError(f"{file} lists {id_map.vocab_size} token ids but the checkpoint's config has "
                               f"vocab_size {vocab_size}; the id map belongs to another model")
@@ -91,49 +106,63 @@ def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
 def _weights_folder(path: str | Path) -> Path:
     """The folder holding the weights `path` names; an official-format folder is taken as it is, so that a
     missing shard is reported by its loader, with the tensors it holds."""
-    return official_folder(path) or checkpoint_files(path)[0].parent
+    path = existing(path)
+    official = official_folder(path)
+    if official is not None:
+        return official
+    checkpoint_files(path)  # a folder without weights, or a broken index, is reported here
+    return path if path.is_dir() else path.parent
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
     """The safetensors file(s) a path names: a file, a directory with model.safetensors, or a sharded
     directory / model.safetensors.index.json."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / INDEX_NAME).is_file():
-            path = path / INDEX_NAME
-        elif (path / WEIGHTS_NAME).is_file():
-            return [path / WEIGHTS_NAME]
-        else:
-            raise CheckpointError(f"{path}: directory has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
-    if not path.exists():
-        raise MissingFileError(f"{path}: no such checkpoint")
-    if path.name.endswith(".index.json"):
-        try:
-            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path}: not a safetensors index (needs a 'weight_map' object): {e}") from None
+    path = existing(path)
+    index = _index_file(path)
+    if index is not None:
+        weight_map = read_weight_map(index)
         shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (path.parent / s).is_file()]
+        missing = [s for s in shards if not (index.parent / s).is_file()]
         if missing:
-            raise CheckpointError(f"{path}: shard file(s) missing: {', '.join(missing[:5])}")
-        return [path.parent / s for s in shards]
+            held = [n for n, s in weight_map.items() if s == missing[0]]
+            raise CheckpointError(f"{index}: shard file(s) missing: {', '.join(missing[:5])} ({missing[0]} holds "
+                                  f"{_names(held, 4)})")
+        return [index.parent / s for s in shards]
+    if path.is_dir():
+        if not ((path / WEIGHTS_NAME).is_file() or (path / WEIGHTS_NAME).is_symlink()):
+            raise CheckpointError(f"{path}: directory has neither {WEIGHTS_NAME} nor {INDEX_NAME}: no weights here")
+        return [existing(path / WEIGHTS_NAME)]
     return [path]
 
 
+def _index_file(path: Path) -> Path | None:
+    """The shard index a path names (the index itself, or a folder holding one), else None."""
+    if path.is_dir():
+        return path / INDEX_NAME if (path / INDEX_NAME).is_file() else None
+    return path if path.name.endswith(".index.json") else None
+
+
+def check_index(path: str | Path, found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]) -> None:
+    """For a sharded checkpoint: every tensor its index maps to a shard is in that shard's header."""
+    index = _index_file(Path(path))
+    if index is None:
+        return
+    absent = [(n, s) for n, s in read_weight_map(index).items() if n not in found or found[n][0] != index.parent / s]
+    if absent:
+        listed = "; ".join(f"'{n}' is not in shard {s}" for n, s in absent[:5])
+        more = f" (and {len(absent) - 5} more)" if len(absent) > 5 else ""
+        raise CheckpointError(f"{index} maps tensors to shards that do not hold them: {listed}{more}")
+
+
 def read_header(files: list[Path]) -> dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]:
-    """name -> (file, dtype, shape) for every tensor, without reading tensor data."""
-    from safetensors import SafetensorError, safe_open
+    """name -> (file, dtype, shape) for every tensor, without reading tensor data (header.py checks each header
+    within its limits: a corrupt, truncated or hostile file is refused before safetensors maps it)."""
     found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]] = {}
     for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    if name in found:
-                        raise CheckpointError(f"tensor '{name}' appears in both {found[name][0].name} and {file.name}")
-                    sl = f.get_slice(name)
-                    found[name] = (file, _dtype(sl.get_dtype(), name, file), tuple(sl.get_shape()))
-        except SafetensorError as e:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+        for name, entry in read_safetensors_header(file).entries.items():
+            if name in found:
+                raise CheckpointError(f"tensor '{name}' appears in both {found[name][0].name} and {file.name}")
+            found[name] = (file, _dtype(entry.code, name, file), entry.shape)
     return found
 
 
@@ -162,25 +191,45 @@ def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path
 
 
 def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> dict[str, Any]:
-    """Check every tensor against model.state_dict(), then copy them in (cast to the model's dtype).
-    Nothing is modified unless the whole checkpoint fits. prefix: only the tensors whose names start with
-    it, on both sides (e.g. "mtp." to take another checkpoint's drafter). Returns the file metadata."""
-    from safetensors import safe_open
+    """Check every tensor against model.state_dict() (names, shapes, dtypes) and every value for NaN / Inf,
+    then copy them in (cast to the model's dtype). Nothing is modified unless the whole checkpoint fits and
+    is finite: the tensors are memory-mapped views, all checked before the first is copied. prefix: only the
+    tensors whose names start with it, on both sides (e.g. "mtp." to take another checkpoint's drafter).
+    Returns the file metadata."""
     files = checkpoint_files(path)
-    found = {n: v for n, v in read_header(files).items() if n.startswith(prefix)}
+    found = read_header(files)
+    check_index(path, found)
+    found = {n: v for n, v in found.items() if n.startswith(prefix)}
     state = {n: t for n, t in model.state_dict().items() if n.startswith(prefix)}
     if prefix and not state:
         raise CheckpointError(f"the model has no tensors named '{prefix}*' to load from {path}")
     check_against(state, found, f"{path} ('{prefix}*' tensors)" if prefix else str(path))
     metadata: dict[str, Any] = {}
+    stored = list(stored_tensors(files, prefix, metadata))   # views of the memory-mapped files
+    for file, name, tensor in stored:
+        check_finite(tensor, name, str(file))
     with torch.no_grad():
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                metadata.update(f.metadata() or {})
-                for name in (n for n in f.keys() if n.startswith(prefix)):
-                    target = state[name]
-                    target.copy_(f.get_tensor(name).to(device=target.device, dtype=target.dtype))
+        for _, name, tensor in stored:
+            target = state[name]
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
     return metadata
+
+
+def stored_tensors(files: list[Path], prefix: str = "", metadata: dict[str, Any] | None = None):
+    """(file, name, tensor) for every stored tensor whose name starts with prefix, file by file, each a view of
+    the memory-mapped file (safetensors' safe_open), valid after the file's handle is closed; each file's
+    metadata is added to `metadata`."""
+    from safetensors import SafetensorError, safe_open
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                if metadata is not None:
+                    metadata.update(f.metadata() or {})
+                names = [n for n in f.keys() if n.startswith(prefix)]  # noqa: SIM118 (not iterable)
+                tensors = [f.get_tensor(n) for n in names]
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+        yield from ((file, n, t) for n, t in zip(names, tensors))
 
 
 def _compatible(stored: torch.dtype, wanted: torch.dtype) -> bool:

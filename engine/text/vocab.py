@@ -14,6 +14,7 @@ from .tokenizer import BOS_ID, EOS_ID, NOISE_ID, PAD_ID, Tokenizer, byte_level_a
 # Special tokenizer ids every reduced vocabulary keeps: the model and DSpark use them even if the text never does.
 KEPT_SPECIALS = (BOS_ID, EOS_ID, PAD_ID, NOISE_ID)
 ID_MAP_NAME = "id_map.json"
+MAX_ID_MAP_BYTES = 16 << 20   # a map of the whole 129,280-id vocabulary takes ~1 MiB
 
 
 def byte_token_ids(tokenizer: Tokenizer) -> list[int]:
@@ -139,20 +140,44 @@ class IdMap:
 
     @classmethod
     def load(cls, path: str | Path, tokenizer: Tokenizer) -> "IdMap":
+        """Read an id_map.json (at most MAX_ID_MAP_BYTES), checked: InputError naming the file and the field for
+        anything but an object with format 'v41viz-id-map/1', this tokenizer's sha256, an 'ids' list of integer
+        tokenizer ids and an integer (or null) 'min_count'; MissingFileError if it cannot be read."""
         path = Path(path)
         path = path / ID_MAP_NAME if path.is_dir() else path
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            if path.stat().st_size > MAX_ID_MAP_BYTES:
+                raise InputError(f"{path}: {path.stat().st_size:,} bytes, more than the {MAX_ID_MAP_BYTES >> 20} MiB "
+                                 "an id map may have")
+            raw = json.loads(path.read_bytes().decode("utf-8"))
         except OSError as e:
             raise MissingFileError(f"{path}: cannot read the id map ({e.strerror or e})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{path}: not a JSON id map ({e})") from None
-        if not isinstance(raw, dict) or raw.get("format") != "v41viz-id-map/1" or not isinstance(raw.get("ids"), list):
+        except (ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
+            reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise InputError(f"{path}: not a JSON id map ({reason})") from None
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}: not a v41viz id map: it is a JSON {type(raw).__name__}, not an object with "
+                             "format 'v41viz-id-map/1' and an 'ids' list")
+        if raw.get("format") != "v41viz-id-map/1" or not isinstance(raw.get("ids"), list):
             raise InputError(f"{path}: not a v41viz id map (needs format 'v41viz-id-map/1' and an 'ids' list)")
+        wrong = next((i for i, t in enumerate(raw["ids"]) if type(t) is not int), None)
+        if wrong is not None:
+            raise InputError(f"{path}: 'ids' must list integer tokenizer ids; item {wrong} is "
+                             f"{str(raw['ids'][wrong])[:40]!r}")
+        if raw.get("min_count") is not None and type(raw["min_count"]) is not int:
+            raise InputError(f"{path}: 'min_count' must be an integer or null, got {str(raw['min_count'])[:40]!r}")
         if raw.get("tokenizer_sha256") != tokenizer.fingerprint:
-            raise InputError(f"{path}: the id map was built for tokenizer sha256 {raw.get('tokenizer_sha256')}, "
-                             f"but the loaded tokenizer is {tokenizer.fingerprint}")
-        return cls(raw["ids"], tokenizer, raw.get("min_count"))
+            built_for = str(raw.get("tokenizer_sha256"))[:80]
+            raise InputError(f"{path}: the id map was built for tokenizer sha256 {built_for}, but the loaded "
+                             f"tokenizer is {tokenizer.fingerprint}")
+        outside = next((t for t in raw["ids"] if not 0 <= t < tokenizer.full_vocab_size), None)
+        if outside is not None:
+            raise InputError(f"{path}: 'ids' holds {str(outside)[:40]}, outside the tokenizer's ids "
+                             f"0..{tokenizer.full_vocab_size - 1}")
+        try:
+            return cls(raw["ids"], tokenizer, raw.get("min_count"))
+        except InputError as e:
+            raise InputError(f"{path}: {e}") from None
 
     def __repr__(self) -> str:
         return f"IdMap(vocab_size={self.vocab_size}, min_count={self.min_count})"
