@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: a virtual environment with the pinned requirements, and this project
 # installed editable (so `engine` and `v41viz` import from any directory). A second run takes a few seconds.
+# `--tests` (scripts/test.sh) also installs the test-only packages of requirements-test.txt (transformers, the
+# oracle of the V4 differential test); the app's set-up (scripts/run_app.sh) leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+requirements=requirements.txt
+if [ "${1:-}" = "--tests" ]; then
+  requirements=requirements-test.txt
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -r requirements.txt
+.venv/bin/python -m pip install --quiet -r "$requirements"
 # --no-deps: requirements.txt above installed every dependency (torch pinned to the CPU build); pyproject.toml
 # only states ranges, and resolving them could pull a CUDA torch.
 here="$(pwd -P)"

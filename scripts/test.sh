@@ -2,7 +2,7 @@
 # Set up (venv, requirements, Debian chromium for the browser tests, the prepared corpus), then run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 if ! command -v chromium >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install Debian chromium; browser tests will fail" >&2

@@ -25,6 +25,12 @@ SLOW = {
     "test_e2e_inspect.py": "browser tests [85 s]",
     "test_e2e_inspect_actions.py": "browser tests of user actions on the Inspect page [90 s]",
     "test_e2e_architecture_actions.py": "browser tests of user actions on Architecture and the sidebar [~110 s]",
+    "test_e2e_concurrency.py": "four browser sessions generating at once on Inspect, against serial engine runs "
+                               "[150 s at load average 8]",
+    "test_e2e_uploads.py": "hostile config uploads through the browser, with the server's memory watched [~60 s]",
+    # a fresh process
+    "test_app_no_torch.py": "builds three pages under AppTest in a fresh process to watch sys.modules [6 s idle, "
+                            "13 s loaded]",
     # model-card measurement
     "test_default_checkpoint.py": "re-measures the shipped model's card [29 s]",
     "test_model_card.py": "measures a card end to end on a tiny checkpoint [9 s]",
@@ -43,6 +49,33 @@ SLOW = {
     "test_official_checkpoint.py": "writes, reads and breaks tiny official-format checkpoints, generates from "
                                    "them [15 s]",
     "test_kernels_quant.py": "FP8 / FP4 GEMMs in the Triton interpreter, many shapes [9 s]",
+    # tensor/expert parallelism: torchrun launches (each rank a fresh process importing torch), or long lockstep runs
+    "test_parallel.py::test_two_ranks_generate_the_tokens_of_one_process": "greedy, DSpark and sampled generation "
+        "on 2 rank threads and in one process [16 s at load average 9]",
+    "test_parallel.py::test_a_shard_reads_its_slices_of_a_checkpoint": "the first meta-device build imports "
+        "torch._refs [5-12 s at load average 9]",
+    "test_serving.py::test_remote_engine_gives_what_the_engine_gives": "an engine service in a thread, and the same "
+        "DSpark run in process [6 s at load average 9]",
+    "test_parallel.py::test_torchrun_generate_prints_the_single_process_text": "torchrun, 2 ranks, and the CLI in "
+        "process [34 s at load average 9]",
+    "test_parallel.py::test_torchrun_bench_reports_once": "torchrun, 2 ranks [29 s at load average 9]",
+    "test_parallel.py::test_four_ranks_in_float64_compute_what_one_process_does": "torchrun, 4 ranks, and the "
+        "same cases in one process [59 s at load average 9]",
+    "test_parallel.py::test_torchrun_ends_every_rank_when_one_fails_or_hangs": "torchrun, 2 ranks, twice (one "
+        "waits out a 3 s timeout) [2 x 21 s at load average 9]",
+    "test_serving.py::test_a_two_rank_service_serves_the_single_process_text_and_trace": "a 2-rank engine service "
+        "under torchrun, and the same generation in process [37 s at load average 9]",
+    "test_bad_traces.py::test_limits_admit_the_design_point": "records, writes and reads a 2048-token default-small "
+                                                               "trace in three formats [20 s; 70 s on a busy machine]",
+    "test_bad_configs.py::test_a_memory_bomb_config_is_refused_fast_and_small": "five fresh `python -m engine` "
+        "processes under a memory cap, each importing torch [~3 s each, 8-15 s on a loaded machine]",
+    "test_bad_configs.py::test_random_init_of_a_model_too_big_for_memory_is_refused_up_front": "the same, once [~3 s]",
+    "test_v4_family.py::test_official_layout": "writes, reads and runs two tiny V4 official-format checkpoints, "
+                                               "quantized and dequantized [~4 s each on a busy machine]",
+    "test_v4_family.py::test_static_decode_and_draft_bodies_decode_like_eager": "plain and DSpark decoding through "
+        "the static (CUDA-graph) bodies, and both capture-safety checks on the meta device [~6 s]",
+    "test_hf_differential.py": "imports transformers [5-10 s] and runs four V4 configs through it and the engine, "
+                               "prefill and teacher-forced decode, plus two save_pretrained folders [~25 s]",
     "test_app_inspect.py::test_an_official_fp8_folder_is_picked_and_generates":
         "quantizes the shipped model, then loads and generates from it in the page [10 s]",
 }

@@ -204,7 +204,10 @@ def test_v4_inventory():
 
 def test_v4_dspark_drafter():
     names = by_name(V4D)
-    assert {"mtp.0.main_proj.weight", "mtp.2.hc_head_fn", "mtp.2.markov_head.embed.weight"} <= set(names)
+    # the V4-DSpark files name the Markov head's tables markov_w1 / markov_w2 (V4.1: embed / head)
+    assert {"mtp.0.main_proj.weight", "mtp.2.hc_head_fn", "mtp.2.markov_head.markov_w1.weight",
+            "mtp.2.markov_head.markov_w2.weight"} <= set(names)
+    assert "mtp.2.markov_head.embed.weight" not in names
     assert names["mtp.0.main_proj.weight"].shape == (4096, 3 * 4096)
     assert "mtp.0.e_proj.weight" not in names and "mtp.1.hc_head_fn" not in names
     assert any("inferred" in n for n in account(V4D).notes)

@@ -64,7 +64,7 @@ def test_too_long_or_empty_prompts_fail_before_any_output(capsys):
     assert out == "" and "more than the model's max_seq_len of 512" in err
     empty = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "", "--no-bos", "--max-new-tokens", "1"]
     assert main(empty) == 2
-    assert "prompt 0 is empty" in capsys.readouterr().err
+    assert "--prompt is empty" in capsys.readouterr().err
 
 
 def test_bench_reports_throughput_and_trace_overhead(capsys):

@@ -10,7 +10,7 @@ from v41viz.arch.folding import fold_layers
 from v41viz.arch.graph import attach_inventory, build_graph, owner_of
 from v41viz.arch.layout import build_layout
 from v41viz.arch.module_docs import describe
-from v41viz.arch.source import engine_source
+from v41viz.arch.source import ENGINE_CODE, engine_source
 from v41viz.ui.url_state import ViewState, from_query, sanitize, to_query
 
 V41, V4, V4D = "deepseek-v4.1-flash", "deepseek-v4-flash", "deepseek-v4-flash-dspark"
@@ -154,9 +154,12 @@ def test_compare_v4_vs_v41_names_the_differences():
     assert {"dim", "n_layers", "compress_ratios", "engram_layer_ids"} <= fields and "hc_mult" not in fields
 
 
-def test_engine_source_is_read_from_the_engine_or_reported_missing():
+def test_engine_source_is_read_from_the_engine_or_reported_missing(monkeypatch):
     src = engine_source("attention")
     assert src.found and src.pieces[0].code.startswith("class Attention")
     assert src.pieces[0].path == "engine/model/attention.py"
-    missing = engine_source("hash_gate")
+    hashed = engine_source("hash_gate")      # V4 hash routing runs in the engine now
+    assert hashed.found and hashed.pieces[0].code.startswith("class HashGate")
+    monkeypatch.setitem(ENGINE_CODE, "not_there", ("engine.model.moe.NoSuchRouter",))
+    missing = engine_source("not_there")
     assert not missing.found and "not implemented in the engine yet" in missing.message

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model import Transformer
+from engine.model import EngineOptions, Transformer
 from engine.model.moe import MoE
-from engine.spec.config import ConfigError, load_config
+from engine.spec.config import load_config
 from engine.speedups.fast_moe import FastMoE
 from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map, tiny_model
 
@@ -220,9 +220,12 @@ def test_activations_stay_finite_and_order_one_with_random_init():
     assert torch.isfinite(logits).all() and 0.1 < logits.std() < 10
 
 
-def test_v4_family_and_bad_token_maps_are_refused():
-    with pytest.raises(ConfigError, match="V4 family"):
-        Transformer(load_config("configs/tiny-v4.json"))
+def test_v4_only_limits_and_bad_token_maps_are_refused():
+    v4 = load_config("configs/tiny-v4.json").replace(vocab_size=2048, dspark_noise_token_id=2047)
+    with pytest.raises(ValueError, match="bounded_replay needs shared KV sources"):
+        Transformer(v4, options=EngineOptions(bounded_replay=True))
+    with pytest.raises(ValueError, match="has no image tokens"):
+        Transformer(v4)(torch.zeros(1, 3, dtype=torch.long), image_mask=torch.zeros(1, 3, dtype=torch.bool))
     a = load_config("configs/tiny-v4.1.json")
     with pytest.raises(ValueError, match="one per token id"):
         Transformer(a, np.zeros(10, dtype=np.int64))

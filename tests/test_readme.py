@@ -30,3 +30,8 @@ def test_layout_section_lists_exactly_the_sub_packages():
             listed.add(f"{top}/{m.group(1)}")
     packages = {f"{p.parts[-3]}/{p.parts[-2]}" for p in ROOT.glob("*/*/__init__.py") if p.parts[-3] in ("engine", "v41viz")}
     assert listed == packages, f"README layout: missing {sorted(packages - listed)}, no such folder {sorted(listed - packages)}"
+
+
+def test_input_limits_list_is_the_limits_command_output():
+    from engine.commands.limits import lines
+    assert "\n".join(lines()) in README, "re-run `python -m engine limits` and paste its output into README.md"

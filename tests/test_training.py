@@ -220,7 +220,8 @@ def test_train_command_trains_and_resumes(setup, id_map, tmp_path, capsys):
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
     assert json.loads((tmp_path / "ck" / "train_state.json").read_text())["step"] == 3
     assert (tmp_path / "ck" / "id_map.json").read_text() == (tmp_path / "id_map.json").read_text()
-    from engine.checkpoint.store import load_checkpoint, read_header
+    from engine.checkpoint.files import read_header
+    from engine.checkpoint.store import load_checkpoint
     header = read_header([tmp_path / "ship" / "model.safetensors"])
     assert header["embed.weight"][1] == torch.bfloat16 and header["layers.0.ffn.gate.bias"][1] == torch.float32
     _, shipped = load_checkpoint(tmp_path / "ship", token_map=synthetic_token_map(args))

@@ -64,6 +64,7 @@ def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
                 device: str, dtype: torch.dtype, options=None):
     """Check the bench sizes, then build a seeded random-init model in eval mode."""
     from ..model import Transformer, init_weights
+    from ..parallel import shard_for_launch
     from ..speedups import prepare_for_inference
     if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
         raise InputError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
@@ -75,7 +76,7 @@ def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
     model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device=device, options=options))
     init_weights(model, seed)
-    return model.eval()
+    return shard_for_launch(model).eval()  # under torchrun: this rank's shard (engine.parallel)
 
 def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3,
               seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32, options=None,

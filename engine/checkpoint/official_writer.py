@@ -15,6 +15,7 @@ from ..spec.config import ModelArgs, load_config
 from ..spec.inventory import TensorSpec, inventory_tuple
 from ..text.vocab import ID_MAP_NAME
 from .errors import CheckpointError
+from .files import checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
 from .official import TORCH_DTYPES
 from .official_layout import (
@@ -27,7 +28,7 @@ from .official_layout import (
     scale_name,
     shard_name,
 )
-from .store import checkpoint_files, config_beside, read_header, stored_tensors
+from .store import config_beside
 
 DEFAULT_SHARD_BYTES = 5 << 30     # without --shards: about 5 GiB per shard (the release: 48 of about 10 GiB)
 FLOAT_SOURCES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

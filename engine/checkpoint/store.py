@@ -10,22 +10,19 @@ import torch
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
 from .errors import CheckpointError
+from .files import FLOAT_DTYPES, WEIGHTS_NAME, check_against, check_index, checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
-from .header import read_safetensors_header
-from .index import read_weight_map
 from .official_layout import official_folder
 from .paths import existing
 
 if TYPE_CHECKING:
     from ..model import Transformer
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Tensors the official checkpoint ships in F32 whatever the storage precision (spec §2.3).
 FP32_SUFFIXES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
-                 "attn.attn_sink", "ffn.gate.bias", "ffn.gate.bias_vl")
+                 "attn.attn_sink", "ffn.gate.bias", "ffn.gate.bias_vl", "compressor.ape", "hc_head_fn",
+                 "hc_head_base", "hc_head_scale")
 
 
 def save_checkpoint(model: torch.nn.Module, path: str | Path, extra_metadata: dict[str, str] | None = None,
@@ -65,6 +62,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
     if official_folder(path) is not None:  # FP8 / FP4 shards with an index: read lazily, kept quantized
         from .official_load import load_official_model
         return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
+    from .hf_layout import hf_folder, load_hf_checkpoint
+    if config is None and hf_folder(path) is not None:  # a transformers save_pretrained folder (V4)
+        return load_hf_checkpoint(path, device, dtype=dtype, options=options)
     args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
     check_index(path, read_header(checkpoint_files(path)))  # a broken file is refused before the model is built
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
@@ -114,82 +114,6 @@ def _weights_folder(path: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def checkpoint_files(path: str | Path) -> list[Path]:
-    """The safetensors file(s) a path names: a file, a directory with model.safetensors, or a sharded
-    directory / model.safetensors.index.json."""
-    path = existing(path)
-    index = _index_file(path)
-    if index is not None:
-        weight_map = read_weight_map(index)
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (index.parent / s).is_file()]
-        if missing:
-            held = [n for n, s in weight_map.items() if s == missing[0]]
-            raise CheckpointError(f"{index}: shard file(s) missing: {', '.join(missing[:5])} ({missing[0]} holds "
-                                  f"{_names(held, 4)})")
-        return [index.parent / s for s in shards]
-    if path.is_dir():
-        if not ((path / WEIGHTS_NAME).is_file() or (path / WEIGHTS_NAME).is_symlink()):
-            raise CheckpointError(f"{path}: directory has neither {WEIGHTS_NAME} nor {INDEX_NAME}: no weights here")
-        return [existing(path / WEIGHTS_NAME)]
-    return [path]
-
-
-def _index_file(path: Path) -> Path | None:
-    """The shard index a path names (the index itself, or a folder holding one), else None."""
-    if path.is_dir():
-        return path / INDEX_NAME if (path / INDEX_NAME).is_file() else None
-    return path if path.name.endswith(".index.json") else None
-
-
-def check_index(path: str | Path, found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]) -> None:
-    """For a sharded checkpoint: every tensor its index maps to a shard is in that shard's header."""
-    index = _index_file(Path(path))
-    if index is None:
-        return
-    absent = [(n, s) for n, s in read_weight_map(index).items() if n not in found or found[n][0] != index.parent / s]
-    if absent:
-        listed = "; ".join(f"'{n}' is not in shard {s}" for n, s in absent[:5])
-        more = f" (and {len(absent) - 5} more)" if len(absent) > 5 else ""
-        raise CheckpointError(f"{index} maps tensors to shards that do not hold them: {listed}{more}")
-
-
-def read_header(files: list[Path]) -> dict[str, tuple[Path, torch.dtype, tuple[int, ...]]]:
-    """name -> (file, dtype, shape) for every tensor, without reading tensor data (header.py checks each header
-    within its limits: a corrupt, truncated or hostile file is refused before safetensors maps it)."""
-    found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]] = {}
-    for file in files:
-        for name, entry in read_safetensors_header(file).entries.items():
-            if name in found:
-                raise CheckpointError(f"tensor '{name}' appears in both {found[name][0].name} and {file.name}")
-            found[name] = (file, _dtype(entry.code, name, file), entry.shape)
-    return found
-
-
-def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]],
-                  where: str) -> None:
-    """Raise CheckpointError naming every missing, unexpected, mis-shaped or mis-typed tensor."""
-    problems = []
-    missing = [n for n in expected if n not in found]
-    extra = [n for n in found if n not in expected]
-    if missing:
-        problems.append(f"missing {len(missing)} tensor(s): {_names(missing)}")
-    if extra:
-        hint = " (quantized '.scale' tensors of the official format are not supported yet)" \
-            if any(n.endswith(".scale") for n in extra) else ""
-        problems.append(f"unexpected {len(extra)} tensor(s): {_names(extra)}{hint}")
-    for name, t in expected.items():
-        if name not in found:
-            continue
-        _, dt, shape = found[name]
-        if shape != tuple(t.shape):
-            problems.append(f"'{name}' has shape {list(shape)}, the model expects {list(t.shape)}")
-        if not _compatible(dt, t.dtype):
-            problems.append(f"'{name}' is stored as {_short(dt)}, the model expects {_short(t.dtype)}")
-    if problems:
-        raise CheckpointError(f"{where} does not fit the model: " + "; ".join(problems))
-
-
 def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> dict[str, Any]:
     """Check every tensor against model.state_dict() (names, shapes, dtypes) and every value for NaN / Inf,
     then copy them in (cast to the model's dtype). Nothing is modified unless the whole checkpoint fits and
@@ -213,47 +137,3 @@ def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> 
             target = state[name]
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
     return metadata
-
-
-def stored_tensors(files: list[Path], prefix: str = "", metadata: dict[str, Any] | None = None):
-    """(file, name, tensor) for every stored tensor whose name starts with prefix, file by file, each a view of
-    the memory-mapped file (safetensors' safe_open), valid after the file's handle is closed; each file's
-    metadata is added to `metadata`."""
-    from safetensors import SafetensorError, safe_open
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                if metadata is not None:
-                    metadata.update(f.metadata() or {})
-                names = [n for n in f.keys() if n.startswith(prefix)]  # noqa: SIM118 (not iterable)
-                tensors = [f.get_tensor(n) for n in names]
-        except SafetensorError as e:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
-        yield from ((file, n, t) for n, t in zip(names, tensors))
-
-
-def _compatible(stored: torch.dtype, wanted: torch.dtype) -> bool:
-    """Float storage may be any float precision (bf16 storage of an fp32 model is normal); integer and
-    bool tensors must match exactly."""
-    return stored == wanted or (stored in FLOAT_DTYPES and wanted in FLOAT_DTYPES)
-
-
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-              "F8_E8M0": getattr(torch, "float8_e8m0fnu", torch.uint8)}
-
-
-def _dtype(code: str, name: str, file: Path) -> torch.dtype:
-    if code not in _ST_DTYPES:
-        raise CheckpointError(f"{file}: tensor '{name}' has dtype {code}, which this engine cannot load")
-    return _ST_DTYPES[code]
-
-
-def _short(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
-
-
-def _names(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(f"'{n}'" for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -5,6 +5,7 @@ import argparse
 import json
 
 from ..spec.errors import InputError
+from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
 from .run_args import apply_threads
 
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
@@ -35,14 +36,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from ..parallel.world import main_rank_output
+    with main_rank_output():  # under torchrun, only rank 0 prints (engine.parallel)
+        return bench(args)
 
+
+def bench(args: argparse.Namespace) -> int:
     from ..bench.cpu import run_bench
     from ..spec.presets import resolve_config
 
+    check_threads(args.threads)
+    check_device(args.device)
     apply_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
+    from ..parallel import launched_size
+    if launched_size() > 1 and (getattr(args, "gpu", False) or getattr(args, "cuda_graphs", False)):
+        raise InputError("--gpu and --cuda-graphs measure one process; under torchrun, bench measures the plain "
+                         "(and --dspark) rows")
+    check_arguments(args, resolve_config(args.config))
     if getattr(args, "gpu", False):
         from ..kernels.runtime import unavailable_reason
         reason = unavailable_reason(args.device)
@@ -76,3 +86,15 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
                         ([] if graphs is None else graph_rate_lines(graphs)) + ([] if spec is None else spec.lines())))
     return 0
+
+
+def check_arguments(args: argparse.Namespace, model_args) -> None:
+    """The sizes and the seed, named by flag, before a model is built (the config bounds batch and length)."""
+    check_seed(args.seed)
+    check_at_least(args.batch, 1, "--batch")
+    check_at_most(args.batch, model_args.max_batch_size, "--batch", "the config's max_batch_size")
+    check_at_least(args.prompt_len, 1, "--prompt-len")
+    check_at_least(args.new_tokens, 2, "--new-tokens")  # the first comes from the prefill; decode needs one more
+    check_at_least(args.repeats, 1, "--repeats")
+    check_at_most(args.prompt_len + args.new_tokens, model_args.max_seq_len, "--prompt-len + --new-tokens",
+                  "the config's max_seq_len")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..spec.errors import InputError
+from .arg_checks import check_at_most
 from .run_args import add_config_options, apply_threads, config_from_args
 
 HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, Engram gates, DSpark, samples) " \
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     apply_threads(args.threads)
     opts = config_from_args(CardOptions, args)
+    check_lengths(args)
     card = build_card(Path(args.checkpoint), Path(args.data), opts)
     h = card["heldout"]
     print(f"held-out loss {h['loss']:.3f} (ppl {h['perplexity']:.1f}) vs unigram {h['unigram_loss']:.3f} "
@@ -40,3 +42,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {Path(args.checkpoint) / 'MODEL_CARD.md'}, card.json, loss_curve.png; the README's table:")
     print(readme_table(card), end="")
     return 0
+
+
+def check_lengths(args: argparse.Namespace) -> None:
+    """--seq and --new-tokens within the checkpoint's context (its config.json), before anything is measured
+    (without a config.json, the card's own input check lists everything that is missing)."""
+    from pathlib import Path
+
+    from ..spec.config import load_config
+    config = Path(args.checkpoint) / "config.json"
+    if not config.is_file():
+        return
+    max_seq_len = load_config(config).max_seq_len
+    check_at_most(args.seq, max_seq_len, "--seq", "the checkpoint's max_seq_len")
+    check_at_most(args.new_tokens, max_seq_len - 1, "--new-tokens", "the checkpoint's max_seq_len - 1")

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .arg_checks import check_output_file, check_seed
 from .run_args import apply_threads
 
 HELP = ("write a checkpoint's own greedy continuations of random training-text prompts: sequence-level "
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from ..training.corpus import load_tokens
 
     apply_threads(args.threads)
+    check_seed(args.seed)
+    check_output_file(args.out, "--out")  # written after every continuation is made
     spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed)
     train = load_tokens(args.data)["train"]
     engine = Engine.load(checkpoint=args.checkpoint)

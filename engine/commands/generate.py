@@ -6,6 +6,16 @@ import sys
 from pathlib import Path
 
 from ..spec.errors import InputError
+from ..text.prompt_text import check_prompt_text
+from .arg_checks import (
+    check_at_least,
+    check_at_most,
+    check_device,
+    check_fraction,
+    check_output_file,
+    check_seed,
+    check_threads,
+)
 from .run_args import apply_threads
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
@@ -21,11 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                               "quantization_config, e.g. from `engine quantize`) loads quantized "
                                               f"(default: the shipped {DEFAULT_CHECKPOINT.name}/ checkpoint)")
     weights.add_argument("--random-init", action="store_true", help="seeded random weights (needs --config)")
-    parser.add_argument("--seed", type=int, default=0, help="weight-init seed, and the sampling seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="weight-init seed, and the sampling seed: 0..2**63-1 (default 0)")
     parser.add_argument("--prompt", required=True, help="prompt text (BOS is prepended unless --no-bos)")
     parser.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="(default 64)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 = greedy (default); sampling takes at least 1e-4 (below, logits / T overflow)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
     parser.add_argument("--trace", metavar="FILE", help="write a trace: .json, .parquet.zip or .safetensors")
@@ -50,10 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from ..parallel.world import main_rank_output
+    with main_rank_output():  # under torchrun, only rank 0 prints (engine.parallel)
+        return generate_text(args)
 
-    from ..generation import DSparkConfig, Engine, check_prompts
-    from ..trace import Trace, TraceBudget, trace_format
+
+def generate_text(args: argparse.Namespace) -> int:
+    from ..generation import DSparkConfig, Engine
+    from ..parallel.world import is_main_process
+    from ..trace import Trace, TraceBudget
 
     if not args.random_init and not args.checkpoint:
         if not DEFAULT_CHECKPOINT.is_dir():
@@ -62,13 +79,12 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint = str(DEFAULT_CHECKPOINT)
     if args.random_init and not args.config:
         raise InputError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
+    check_arguments(args)
+    model_args = _model_config(args)
+    check_prompt_text(args.prompt, "--prompt", model_args.max_seq_len)  # a length no tokenization can fit
+    check_at_most(args.max_new_tokens, model_args.max_seq_len - 1, "--max-new-tokens",
+                  f"what the model's max_seq_len of {model_args.max_seq_len} leaves after a one-token prompt")
     apply_threads(args.threads)
-    if args.max_new_tokens < 0:
-        raise InputError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if args.trace:
-        trace_format(args.trace)  # refuse an unknown suffix before any work
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
     if args.cuda_graphs and not args.device.startswith("cuda"):
         print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
               file=sys.stderr)
@@ -80,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if reason is not None:
             raise InputError(f"--kernels triton on {args.device}: {reason}")
         options = EngineOptions(kernels="triton")
-    engine = Engine.load(args.config, None if args.random_init else args.checkpoint, seed=args.seed,
+    engine = Engine.load(model_args, None if args.random_init else args.checkpoint, seed=args.seed,
                          device=args.device, options=options)
     dspark = None
     if args.dspark:
@@ -93,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                             "seed": args.seed, "dspark": args.schedule if args.dspark else "off"})
-    check_prompts([engine.encode(args.prompt, not args.no_bos)], engine.args.vocab_size, engine.args.max_seq_len)
+    engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
@@ -112,11 +128,40 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if dspark is not None:
         print("\n".join(res.metrics.lines()), file=sys.stderr)
-    if trace is not None:
+    if trace is not None and is_main_process():  # every rank records the same trace; rank 0 writes it
         trace.save(args.trace)
         omitted = ", ".join(f"{k} {v}" for k, v in sorted(trace.omitted.items())) or "nothing"
         print(f"trace written to {args.trace} (left out: {omitted})", file=sys.stderr)
     return 0
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every flag's value, before any work (the limits a config sets are checked once it is read)."""
+    from ..model.sampling import check_sampling
+    from ..trace import trace_format
+
+    check_prompt_text(args.prompt, "--prompt")
+    check_seed(args.seed)
+    check_threads(args.threads)
+    check_device(args.device)
+    check_at_least(args.max_new_tokens, 0, "--max-new-tokens")
+    check_sampling(args.temperature, args.top_k, args.top_p, names=("--temperature", "--top-k", "--top-p"))
+    check_fraction(args.threshold, "--threshold")
+    check_at_least(args.trace_max_tokens, 1, "--trace-max-tokens")
+    if args.trace:
+        try:
+            trace_format(args.trace)  # an unknown suffix
+        except InputError as e:
+            raise InputError(f"--trace {e}") from None
+        check_output_file(args.trace, "--trace")
+
+
+def _model_config(args: argparse.Namespace):
+    """The ModelArgs to load: --config, else the config.json beside --checkpoint."""
+    from ..checkpoint.store import config_beside
+    from ..spec.config import load_config
+    from ..spec.presets import resolve_config
+    return resolve_config(args.config) if args.config else load_config(config_beside(args.checkpoint))
 
 
 def _announce_profile(path: Path) -> None:

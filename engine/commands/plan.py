@@ -7,10 +7,12 @@ from pathlib import Path
 
 from ..spec.accounting import GIB, account
 from ..spec.config import ModelArgs, load_config
-from ..spec.errors import MissingFileError
+from ..spec.errors import InputError, MissingFileError
 from ..spec.memory_plan import WORKING_FORMULA, Hardware, MemoryPlan, Part, Verdict, memory_plan
 from ..spec.presets import resolve_config
+from .arg_checks import check_at_least, check_at_most, check_finite
 
+MAX_GPUS = 4096  # the plan lists every GPU; more than a few thousand is no machine this engine is planned for
 HELP = "print a memory plan: weights, Engram, KV caches and buffers placed on N GPUs and the host, with a verdict"
 
 
@@ -42,6 +44,7 @@ def load_model(spec: str) -> ModelArgs:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     model = load_model(args.config)
     hw = Hardware(gpus=args.gpus, gpu_mem_gib=args.gpu_mem, host_mem_gib=args.host_mem, context=args.context,
                   batch=args.batch, prefill_chunk=args.prefill_chunk, reserve_gib=args.reserve)
@@ -53,6 +56,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(render(plan, account(model).checkpoint_bytes)))
     return 0
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Each hardware flag named when out of range, before the config is read."""
+    check_at_most(check_at_least(args.gpus, 1, "--gpus"), MAX_GPUS, "--gpus", "the planner's stated cap")
+    for flag, value in (("--context", args.context), ("--batch", args.batch), ("--prefill-chunk", args.prefill_chunk)):
+        check_at_least(value, 1, flag)
+    for flag, value in (("--gpu-mem", args.gpu_mem), ("--host-mem", args.host_mem)):
+        if not check_finite(value, flag) > 0:
+            raise InputError(f"{flag} must be a positive number of GiB, got {value}")
+    if not check_finite(args.reserve, "--reserve") >= 0:
+        raise InputError(f"--reserve must be >= 0 GiB, got {args.reserve}")
 
 
 def size(n: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ..spec.errors import InputError
+from .arg_checks import check_seed, check_threads
 
 
 def add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
@@ -19,8 +19,13 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
 
 
 def config_from_args(config_cls, args: argparse.Namespace):
-    """`config_cls` from the parsed options add_config_options added; other fields keep their defaults."""
-    return config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls) if "help" in f.metadata})
+    """`config_cls` from the parsed options add_config_options added; other fields keep their defaults. A seed
+    option is checked here, by its flag (the config classes leave its range to the generators)."""
+    chosen = [f for f in fields(config_cls) if "help" in f.metadata]
+    for f in chosen:
+        if f.name == "seed":
+            check_seed(getattr(args, f.name), f.metadata.get("flag", "--seed"))
+    return config_cls(**{f.name: getattr(args, f.name) for f in chosen})
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, resume_help: str, export_help: str) -> None:
@@ -32,10 +37,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, resume_help: str, export_
 
 
 def apply_threads(threads: int | None) -> None:
-    """Set torch's CPU threads from a --threads value; None keeps torch's choice."""
-    if threads is None:
+    """Set torch's CPU threads from a --threads value (1..the CPU count); None keeps torch's choice."""
+    if check_threads(threads) is None:
         return
-    if threads < 1:
-        raise InputError(f"--threads must be >= 1, got {threads}")
     import torch
     torch.set_num_threads(threads)

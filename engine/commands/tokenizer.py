@@ -6,6 +6,7 @@ import json
 import time
 
 from ..spec.errors import InputError
+from ..text.prompt_text import check_text
 
 HELP = "encode/decode text with the DeepSeek tokenizer, or build and check the Engram compressed-token map"
 
@@ -26,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.rebuild or args.cache_dir) and not args.engram_map:
         raise InputError("--rebuild and --cache-dir only apply with --engram-map")
+    if args.text is not None:
+        check_text(args.text, "--text")  # bytes that are not UTF-8 cannot be tokenized
     t0 = time.perf_counter()
     tok = load_tokenizer()
     load_s = time.perf_counter() - t0

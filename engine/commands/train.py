@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.train import TrainConfig, Trainer, describe
 
     apply_threads(args.threads)
+    cfg = config_from_args(TrainConfig, args)  # the training flags, before any work
     model_args = load_config(args.config)
     data_dir = Path(args.data)
     if not data_dir.is_dir():
@@ -37,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     id_map = IdMap.load(data_dir / ID_MAP_NAME, load_tokenizer())
     check_vocabulary(model_args, id_map, args.config, data_dir / ID_MAP_NAME)
     engram_map = id_map.engram_token_map(load_token_map()) if model_args.has_engram else None
-    cfg = config_from_args(TrainConfig, args)
     trainer = Trainer(model_args, cfg, load_tokens(data_dir), args.out, engram_map=engram_map,
                       id_map_file=data_dir / ID_MAP_NAME, resume=args.resume)
     print(describe(trainer))

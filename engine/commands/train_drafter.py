@@ -37,13 +37,13 @@ def run(args: argparse.Namespace) -> int:
     from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
 
     apply_threads(args.threads)
+    cfg = config_from_args(DrafterTrainConfig, args)  # the training flags, before any work
+    if args.init_drafter and args.resume:
+        raise InputError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
     if args.init_drafter:
-        if args.resume:
-            raise InputError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
         from ..checkpoint.store import load_weights
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
-    cfg = config_from_args(DrafterTrainConfig, args)
     continuations = None
     if args.continuations:
         from ..training.continuations import load_continuations

@@ -47,6 +47,9 @@ class DSparkConfig:
         if schedule == "auto":
             if model is None:
                 raise InputError("DSpark schedule 'auto' needs the model to profile its throughput")
+            if getattr(model, "world", None) is not None:  # each rank would profile alone, and schedule differently
+                raise InputError("DSpark schedule 'auto' profiles one process; a torchrun launch uses 'all' or "
+                                 "'threshold'")
             fresh = not table_path(model).exists()
             sps = load_or_profile(model)
             if fresh and on_profiled is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..model.draft import DraftContext, draft_hidden
 from ..model.sampling import SamplingParams, draw, probabilities
@@ -62,9 +61,7 @@ def draft_forward(model, ids: torch.Tensor, ctx: DraftContext) -> tuple[torch.Te
     float64 for a float64 model). Sync-free when ctx.static, under engine.speedups.sync_free (what a CUDA graph
     captures)."""
     hidden = draft_hidden(model, ids, ctx)                                   # [B, γ, dim]
-    last = model.mtp[-1]
-    fp = torch.float64 if model.dtype == torch.float64 else torch.float32
-    return hidden, F.linear(last.norm(hidden).to(fp), model.head.weight.to(fp))   # [B, γ, V]
+    return hidden, model.vocab_logits(model.mtp[-1].norm(hidden))           # [B, γ, V]
 
 
 def markov_drafts(last, base: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,

@@ -8,6 +8,7 @@ import re
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -33,10 +34,12 @@ def table_path(model, cache_dir: Path | str = CACHE_DIR) -> Path:
 
 
 @torch.inference_mode()
-def profile_throughput(model, *, max_batch: int | None = None, context: int = 16, repeats: int = 3) -> ThroughputTable:
+def profile_throughput(model, *, max_batch: int | None = None, context: int = 16, repeats: int = 3,
+                       on_progress: Callable[[int, int], None] | None = None) -> ThroughputTable:
     """Time verify-shaped target forwards: R rows × s tokens (s = 1 .. γ+1, R = 1, 2, 4 .. max_batch) after a
     `context`-token prefill, and keep the median steps/s per batch-token count R·s (the fastest shape when
-    several give the same count). Rolled back after each call, so every forward sees the same cache."""
+    several give the same count). Rolled back after each call, so every forward sees the same cache.
+    on_progress(done, total) is called after each shape (a caller shows progress; raising there stops)."""
     a = model.args
     gamma = a.dspark_block_size
     max_batch = max_batch or a.max_batch_size
@@ -47,6 +50,9 @@ def profile_throughput(model, *, max_batch: int | None = None, context: int = 16
     cache = model.new_cache(max_batch, context + gamma + 2)
     model(torch.randint(3, a.vocab_size, (max_batch, context), generator=g).to(model.device), cache)
     best: dict[int, float] = {}
+    shapes, done = len(batches) * (gamma + 1), 0
+    if on_progress is not None:
+        on_progress(0, shapes)
     for rows in batches:
         for s in range(1, gamma + 2):
             tokens = torch.randint(3, a.vocab_size, (rows, s), generator=g).to(model.device)
@@ -60,6 +66,9 @@ def profile_throughput(model, *, max_batch: int | None = None, context: int = 16
                 cache.rollback(context, torch.arange(rows))
             sps = 1.0 / statistics.median(times[1:])
             best[rows * s] = max(best.get(rows * s, 0.0), sps)
+            done += 1
+            if on_progress is not None:
+                on_progress(done, shapes)
     xs = sorted(best)
     return ThroughputTable(xs, [best[x] for x in xs], device=device_label(model.device),
                            meta={"config": a.name, "threads": torch.get_num_threads(), "dtype": str(model.dtype),

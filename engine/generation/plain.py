@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..model.sampling import SamplingParams, draw, make_generators, probabilities
+from ..model.sampling import SamplingParams, check_finite_logits, draw, make_generators, probabilities
 from ..trace import Trace
 from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
 
@@ -41,7 +41,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
     last_logits, last_time = [], []
     for row, ids in enumerate(prompts):
-        out.record_prompt(row, ids)
+        out.record_prompt(row, ids, model)  # with a trace: also each prompt token's probability
         t0 = time.perf_counter()
         logits = model(torch.tensor([ids], device=device), cache, rows=torch.tensor([row], device=device),
                        trace=trace, logits="last").logits  # [1, V]
@@ -56,6 +56,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     logits = torch.cat(last_logits)  # [n, V]
     times = last_time
     for step in range(max_new_tokens):
+        check_finite_logits(logits, lambda i: f"at step {step} (row {active[i]}, choosing the token at position "
+                                              f"{len(prompts[active[i]]) + len(result.tokens[active[i]])})")
         if params.greedy:
             chosen, probs = logits.argmax(-1), [1.0] * len(active)
         else:

@@ -1,12 +1,15 @@
 """What both decoding loops share: result types, request checks, row seeds, timing and the per-token emit."""
 from __future__ import annotations
 
+import numbers
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
+from ..model.sampling import MAX_SEED
 from ..spec.errors import InputError
 from ..text.tokenizer import EOS_ID
 from ..trace import Trace
@@ -67,12 +70,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len
         raise InputError("generate: prompts must be a non-empty list of token-id lists")
     out = []
     for i, p in enumerate(prompts):
-        ids = [int(t) for t in p]
+        ids = _token_ids(p, i, max_seq_len)
         if not ids:
             raise InputError(f"generate: prompt {i} is empty; give at least one token (e.g. BOS = 0)")
-        if len(ids) > max_seq_len:
-            raise InputError(f"generate: prompt {i} has {len(ids)} tokens, more than the model's "
-                             f"max_seq_len of {max_seq_len}")
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise InputError(f"generate: prompt {i} has token id(s) {bad[:5]} outside 0..{vocab_size - 1}")
@@ -80,15 +80,38 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len
     return out
 
 
+def _token_ids(prompt, index: int, max_seq_len: int) -> list[int]:
+    """One prompt's ids as ints; a str, a non-sequence, one longer than max_seq_len (refused before its ids are
+    read) or a non-integer id is refused, naming where."""
+    values = prompt.tolist() if hasattr(prompt, "tolist") else prompt  # a tensor or a numpy array
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InputError(f"generate: prompt {index} must be a list of token ids, got {type(prompt).__name__}")
+    if len(values) > max_seq_len:
+        raise InputError(f"generate: prompt {index} has {len(values)} tokens, more than the model's "
+                         f"max_seq_len of {max_seq_len}")
+    ids = []
+    for pos, t in enumerate(values):
+        try:
+            ids.append(operator.index(t))
+        except TypeError:
+            raise InputError(f"generate: prompt {index} has {t!r} at position {pos}, not an integer token id") from None
+    return ids
+
+
 def row_seeds(seed: int | Sequence[int] | None, n: int) -> list[int | None]:
     """One sampling seed per row: seed + i for an int, the given list as is, random without a seed."""
     if seed is None:
         return [int(torch.randint(0, 2**62, ())) for _ in range(n)]
-    if isinstance(seed, int):
-        return [seed + i for i in range(n)]
-    seeds = [int(s) for s in seed]
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        seeds = [int(seed) + i for i in range(n)]
+    else:
+        seeds = [int(s) for s in seed]
     if len(seeds) != n:
         raise InputError(f"generate: {len(seeds)} seeds for {n} prompts")
+    for row, s in enumerate(seeds):
+        if not 0 <= s <= MAX_SEED:
+            raise InputError(f"generate: the seed of row {row} is {s}, outside 0..2**63-1 (row i samples with "
+                             "seed + i)")
     return seeds
 
 
@@ -97,6 +120,27 @@ def elapsed(t0: float, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0
+
+
+PROMPT_LOGITS_VALUES = 2**24  # logits held at once while scoring a prompt (64 MiB in fp32)
+
+
+@torch.inference_mode()
+def score_prompt(model, ids: list[int], row: int, trace: Trace) -> None:
+    """Teacher-forced probabilities of a prompt's tokens, into the trace: the prompt (all but its last token) runs
+    through a cache of its own in chunks whose logits stay under PROMPT_LOGITS_VALUES (chunked prefill equals
+    one-shot prefill), and position p's logits score the token at p + 1. A separate forward, without the trace,
+    so that tracing changes nothing the generation computes. A model split over ranks (engine.parallel) runs it
+    on every rank: each rank traces alike, so every rank runs the same forwards."""
+    if len(ids) < 2:
+        return
+    device = next(model.parameters()).device
+    chunk = max(1, PROMPT_LOGITS_VALUES // model.args.vocab_size)
+    cache = model.new_cache(1, len(ids))
+    for start in range(0, len(ids) - 1, chunk):
+        part = ids[start:min(start + chunk, len(ids) - 1)]
+        logits = model(torch.tensor([part], device=device), cache, logits="all").logits[0]  # [≤ len(part), V]
+        trace.record_prompt_logits(row, start + len(part) - logits.shape[0], logits)
 
 
 class Emitter:
@@ -109,9 +153,12 @@ class Emitter:
         self.trace, self.on_token = trace, on_token
         self.text_of = token_text or (lambda t: "")
 
-    def record_prompt(self, row: int, ids: list[int]) -> None:
+    def record_prompt(self, row: int, ids: list[int], model=None) -> None:
+        """The prompt's tokens into the trace; with the model, also how probable each was (score_prompt)."""
         if self.trace is not None:
             self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
+            if model is not None:
+                score_prompt(model, ids, row, self.trace)
 
     def emit(self, row: int, pos: int, token: int, step: int, time_s: float, logits: torch.Tensor,
              prob: float) -> bool:

@@ -13,7 +13,14 @@ from ..dspark.drafter import draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
 from ..dspark.verify import verify, verify_greedy
-from ..model.sampling import SamplingParams, draw, make_generators, probabilities
+from ..model.sampling import (
+    NonFiniteLogitsError,
+    SamplingParams,
+    check_finite_logits,
+    draw,
+    make_generators,
+    probabilities,
+)
 from ..spec.errors import InputError
 from ..trace import DSparkStep
 from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
@@ -113,7 +120,7 @@ class _Speculation:
         by_len: dict[int, list[int]] = {}
         for row, ids in enumerate(self.prompts):
             by_len.setdefault(len(ids), []).append(row)
-            self.out.record_prompt(row, ids)
+            self.out.record_prompt(row, ids, self.model)
         model, dev = self.model, self.model.device
         for length, group in by_len.items():
             t0 = time.perf_counter()
@@ -126,6 +133,8 @@ class _Speculation:
                 for r in group:
                     self.res.finish_reasons[r] = "length"
                 continue
+            check_finite_logits(logits, lambda i: f"after the prefill of row {group[i]} (choosing the token at "
+                                                  f"position {length})")
             p = probabilities(logits, self.params)                             # [G, V]
             chosen = p.argmax(-1) if self.params.greedy else draw(p, [self.gens[r] for r in group])
             for i, r in enumerate(group):
@@ -146,15 +155,22 @@ class _Speculation:
         anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
         anchors = torch.tensor([self.anchors[r] for r in active])
         gens = [self.gens[r] for r in active]
-        if self.drafter is not None:
-            d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
-            self.res.graphed_drafts += 1
-        else:
-            d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace)
+        try:
+            if self.drafter is not None:
+                d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
+                self.res.graphed_drafts += 1
+            else:
+                d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace)
+        except NonFiniteLogitsError as e:  # a sampled draft's distribution
+            raise NonFiniteLogitsError(f"DSpark step {self.n_steps} (the drafter's sampling): {e}") from None
+        check_finite_logits(d.confidence_logits, lambda i: f"of the DSpark drafter's confidence head at step "
+                                                           f"{self.n_steps} (row {active[i]})")
         conf = d.confidence(self.temperature)                                  # [A, γ]
         lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
         width = max(lengths) + 1
         logits, taps = self._target_forward(rows, anchors, d.tokens, width)
+        check_finite_logits(logits, lambda i: f"in the verify forward of DSpark step {self.n_steps} (row {active[i]}, "
+                                              f"positions {int(anchor_pos[i])}..{int(anchor_pos[i]) + width - 1})")
         self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
         self.res.target_forwards += 1
         verdicts = self._verify(d, lengths, logits)

@@ -60,7 +60,7 @@ class GraphedDecoder:
         self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
-        self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.index_key_source] for r in roles if r.ratio}
+        self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.kv_source] for r in roles if r.ratio}
         self.attention_paths = [f"{r.path}.attn" for r in roles]
 
     @property

@@ -1,15 +1,17 @@
-"""Attention (spec §4.3): low-rank q, one shared K=V latent, window ring + compressed rows, sinks, grouped output."""
+"""Attention (spec §4.3; V4 §11): low-rank q, one shared K=V latent, window ring + compressed rows, sinks, grouped
+output."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ..spec.roles import family_roles
 from .compressor import Compressor
 from .context import ForwardContext
 from .indexer import Indexer
 from .linear import Linear
-from .norm import RMSNorm
-from .quant import fp4_qdq, fp8_qdq
+from .norm import RMSNorm, rms_normalize
+from .quant import fp4_qdq, fp8_qdq, v4_kv_qdq
 from .rope import Rotary, apply_rope
 from .sparse_attn import sparse_attn
 
@@ -25,6 +27,13 @@ def window_index(start: torch.Tensor, n_tokens: int, window: int, slots: int) ->
     return torch.where(k >= 0, idx, -1)
 
 
+def all_visible(visible: torch.Tensor, width: int) -> torch.Tensor:
+    """The index list of a layer without an indexer (V4 HCA): every compressed row each query may use.
+    visible [B, S] → [B, S, width] (row j, or −1 where j ≥ visible)."""
+    j = torch.arange(width, device=visible.device)
+    return torch.where(j < visible.unsqueeze(-1), j, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, args, role, dtype=None, device=None):
         super().__init__()
@@ -33,6 +42,9 @@ class Attention(nn.Module):
         self.groups, self.o_rank = args.o_groups, args.o_lora_rank
         self.window = args.window_size
         self.scale = args.head_dim ** -0.5
+        family = family_roles(args)
+        self.q_head_norm, self.norm_eps = family.q_head_norm, args.norm_eps
+        self.v4_quant = family.v4_quant_sim   # the V4 reference's KV simulation (nope channels FP8, block 64)
         kw = dict(dtype=dtype, device=device)
         self.attn_sink = nn.Parameter(torch.zeros(args.n_heads, dtype=_fp32_or(dtype), device=device))
         self.wq_a = Linear(args.dim, args.q_lora_rank, quantized=True, **kw)
@@ -48,6 +60,7 @@ class Attention(nn.Module):
             self.compressor = Compressor(args, role.ratio, role.layer, **kw)
         if role.indexer in ("own", "reindex"):
             self.indexer = Indexer(args, role, **kw)
+        self.keys_compressed = role.indexer == "own" and family.key_compressor   # V4 CSA
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x [B, S, dim] (normed collapse of the streams) → [B, S, dim]."""
@@ -55,11 +68,10 @@ class Attention(nn.Module):
         quant = ctx.options.quant_sim
         cache, rows = ctx.cache, ctx.rows_dev
         cis = ctx.cached(("cis", self.rotary.key), lambda: self.rotary.cis(ctx.positions))  # [B, S, rope/2] complex
-        qr = self.q_norm(self.wq_a(x))                                      # [B, S, q_rank]
-        q = apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cis)  # [B, S, H, D]
+        q, qr = self.queries(x, cis)                                         # [B, S, H, D], [B, S, q_rank]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cis)                # [B, S, D]
         if quant:
-            kv = fp8_qdq(kv)
+            kv = self.quant_kv(kv)
         ring = cache.window[self.layer]
         slots = ring.size(1)
         win = ctx.cached("window_index", lambda: window_index(ctx.start, S, self.window, slots).to(x.device))
@@ -95,30 +107,50 @@ class Attention(nn.Module):
         z = torch.einsum("bsgd,grd->bsgr", o.to(wo_a.dtype), wo_a)           # [B, S, G, o_rank]
         return self.wo_b(z.flatten(2))
 
+    def queries(self, x: torch.Tensor, cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, S, dim] → (rotated queries [B, S, H, D], the q-LoRA residual qr [B, S, q_rank] the indexer reads).
+        V4 normalises each head (weightless RMS) before the rotation."""
+        qr = self.q_norm(self.wq_a(x))                                      # [B, S, q_rank]
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, H, D]
+        if self.q_head_norm:
+            q = rms_normalize(q, self.norm_eps)
+        return apply_rope(q, cis), qr
+
+    def quant_kv(self, kv: torch.Tensor) -> torch.Tensor:
+        """Window KV as the reference caches it: FP8 (block 32) on every channel; V4: on the nope channels."""
+        return v4_kv_qdq(kv, self.rope_dim) if self.v4_quant else fp8_qdq(kv)
+
     def _compressed(self, x, qr, cis, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Publish this call's compressed rows (KV sources), then read the source's rows and the index list."""
         role, cache, rows = self.role, ctx.cache, ctx.rows_dev
         src, ratio = role.kv_source, ctx.cache.ratio[role.kv_source]
         if role.kv_mode == "own":
             latent, group, valid = self.compressor(x, ctx)                   # [B, G, D] pre-RoPE
+            # V4: the index keys have a compressor of their own (same groups); it runs on every call for its ring
+            key_latent = self.indexer.compressor(x, ctx)[0] if self.keys_compressed else None
             if latent.size(1):
                 gcis = self.rotary.cis(group * ratio)              # a group sits at its first token
                 scratch = cache.comp_kv[src].size(1) - 1
                 dest = torch.where(valid, group, scratch)
-                # the indexer keys come from the pre-RoPE latent, before the KV is rotated and quantized
-                # (detached: the index keys get gradient only from the indexer loss, not into the compressor)
-                keys = self.indexer.keys(latent.detach(), gcis, ctx.options.quant_sim)
-                cache.index_k[src][rows.unsqueeze(1), dest] = keys.to(cache.index_k[src].dtype)
+                if role.indexer == "own":
+                    # V4.1: the indexer keys come from the pre-RoPE latent, before the KV is rotated and quantized
+                    # (detached: the index keys get gradient only from the indexer loss, not into the compressor)
+                    keys = self.indexer.keys(latent.detach() if key_latent is None else key_latent, gcis,
+                                             ctx.options.quant_sim)
+                    cache.index_k[src][rows.unsqueeze(1), dest] = keys.to(cache.index_k[src].dtype)
                 ckv = apply_rope(latent, gcis)
                 if ctx.options.quant_sim:
-                    ckv = fp4_qdq(ckv, 16, "e4m3")
+                    ckv = v4_kv_qdq(ckv, self.rope_dim) if self.v4_quant else fp4_qdq(ckv, 16, "e4m3")
                 cache.comp_kv[src][rows.unsqueeze(1), dest] = ckv.to(cache.comp_kv[src].dtype)
+        width = ctx.width(ratio)
         if role.indexer in ("own", "reindex"):
             topk = self.indexer(x, qr, cis, ctx)
             ctx.topk[role.layer] = topk
-        else:
+        elif role.indexer == "reuse":
             topk = ctx.topk[role.index_source]
-        return cache.comp_kv[src][rows, : ctx.width(ratio)], topk
+        else:  # V4 HCA: no indexer, every visible compressed row
+            topk = all_visible(ctx.visible(ratio), width)
+        return cache.comp_kv[src][rows, :width], topk
 
 
 def _fp32_or(dtype):

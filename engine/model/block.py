@@ -1,9 +1,10 @@
-"""Block (spec §4.2 single-pass mHC): attention and MoE between collapse/expand of the hc streams."""
+"""Block (spec §4.2): attention and MoE between collapse/expand of the hc streams (V4.1 single-pass, V4 per-site)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ..spec.roles import family_roles
 from .attention import Attention
 from .context import ForwardContext
 from .engram import Engram
@@ -17,6 +18,7 @@ class Block(nn.Module):
         super().__init__()
         self.role, self.path = role, role.path
         self.hc, self.iters, self.hc_eps, self.norm_eps = args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps
+        self.single_pass = family_roles(args).single_pass_mhc
         self.sinkhorn = sinkhorn  # the op, swappable for an equivalent one (engine.speedups)
         kw = dict(dtype=dtype, device=device)
         self.attn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
@@ -24,7 +26,7 @@ class Block(nn.Module):
         self.attn = Attention(args, role, **kw)
         n_exp = args.draft_n_routed_experts if role.draft else args.n_routed_experts
         k = args.draft_n_activated_experts if role.draft else args.n_activated_experts
-        self.ffn = MoE(args, n_exp, k, **kw)
+        self.ffn = MoE(args, n_exp, k, hash_routed=role.hash_routed, **kw)
         fp32 = torch.float64 if dtype == torch.float64 else torch.float32
         mix, width = args.hc_mix_dim, args.hc_dim
         for site in ("attn", "ffn"):
@@ -48,13 +50,17 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx: ForwardContext):
         """x [B, S, hc, dim], pre_in [B, S, hc] (the previous site's pre) → (x', this block's ffn pre).
 
-        Each site computes (pre, post, comb) from its own input but hands `pre` on to the next site."""
+        Each site computes (pre, post, comb) from its own input. V4.1 (single pass) hands `pre` on to the next
+        site and collapses with the one it was handed; V4 collapses each site with its own pre (pre_in unused)."""
         a_pre, a_post, a_comb = self.mixes(x, "attn", ctx)
-        f = self.attn(self.attn_norm(collapse(x, pre_in)), ctx)
+        f = self.attn(self.attn_norm(collapse(x, pre_in if self.single_pass else a_pre)), ctx)
         x = expand(f, x, a_post, a_comb)
         f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
-        xn = self.ffn_norm(collapse(x, a_pre))
-        f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask)
+        xn = self.ffn_norm(collapse(x, a_pre if self.single_pass else f_pre))
+        if self.ffn.hash_routed:  # V4: the token ids pick the experts
+            f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, ctx.tokens)
+        else:
+            f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..spec.errors import InputError
+from ..spec.roles import family_roles
 from .norm import upcast
 
 
@@ -14,9 +15,12 @@ class ModelCache:
                       the `margin` spare slots keep the last `margin` positions restorable by rollback;
     * comp_kv[src]    [R, max_seq_len // ratio + 1, head_dim] compressed KV rows of each KV source
                       (the final row is a scratch slot that absorbs masked writes and is never read);
-    * index_k[src]    [R, max_seq_len // ratio + 1, index_head_dim] the indexer keys of each KV source;
-    * pending[src]    (kv, gate) fp32 rings [R, margin + ratio, head_dim] of ratio>1 sources: the
-                      compressor inputs of recent tokens, from which an incomplete group is finished;
+    * index_k[src]    [R, max_seq_len // ratio + 1, index_head_dim] the indexer keys of each KV source that
+                      owns an indexer (V4: the CSA layers; HCA layers have none);
+    * pending[key]    (kv, gate) fp32 rings [R, margin + window, width] of each gated compressor (key: its
+                      layer; a V4 CSA layer's index-key compressor: "<layer>.indexer"): the compressor inputs of
+                      recent tokens, from which an incomplete group is finished (window: ratio tokens, 2·ratio
+                      for V4's overlapping windows, whose width is 2·head_dim);
     * engram_history  [R, max_seq_len] compressed token ids (−1 = DEAD), on the CPU.
     `pos` and `high_water` (highest position ever written + 1) live on the CPU.
     """
@@ -36,8 +40,11 @@ class ModelCache:
         self.window: dict[int, torch.Tensor] = {}
         self.comp_kv: dict[int, torch.Tensor] = {}
         self.index_k: dict[int, torch.Tensor] = {}
-        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pending: dict[int | str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pending_window: dict[int | str, tuple[int, int]] = {}   # key → (ratio, tokens of earlier windows read)
         self.ratio: dict[int, int] = {}
+        family = family_roles(args)
+        fdt = upcast(torch.empty(0, dtype=dt)).dtype
         for role in args.roles[: args.n_layers]:
             self.window[role.layer] = torch.zeros(batch_size, self.window_slots, args.head_dim, dtype=dt, device=dev)
             if role.kv_mode == "own":
@@ -45,13 +52,21 @@ class ModelCache:
                 n = max_seq_len // r + 1
                 self.ratio[role.layer] = r
                 self.comp_kv[role.layer] = torch.zeros(batch_size, n, args.head_dim, dtype=dt, device=dev)
-                self.index_k[role.layer] = torch.zeros(batch_size, n, args.index_head_dim, dtype=dt, device=dev)
-                if r > 1:
-                    ring = (batch_size, margin + r, args.head_dim)
-                    fdt = upcast(torch.empty(0, dtype=dt)).dtype
-                    self.pending[role.layer] = (torch.zeros(ring, dtype=fdt, device=dev),
-                                                torch.zeros(ring, dtype=fdt, device=dev))
+                if role.indexer == "own":
+                    self.index_k[role.layer] = torch.zeros(batch_size, n, args.index_head_dim, dtype=dt, device=dev)
+                overlap = r == family.overlap_ratio
+                if r > 1 or family.ape:
+                    self._add_pending(role.layer, r, overlap, args.head_dim, margin, fdt)
+                if role.indexer == "own" and family.key_compressor:  # V4: the index keys' own compressor
+                    self._add_pending(f"{role.layer}.indexer", r, overlap, args.index_head_dim, margin, fdt)
         self.engram_history = torch.zeros(batch_size, max_seq_len, dtype=torch.long) if args.has_engram else None
+
+    def _add_pending(self, key, ratio: int, overlap: bool, head_dim: int, margin: int, dtype) -> None:
+        width, earlier = (2 * head_dim, ratio) if overlap else (head_dim, 0)
+        ring = (self.batch_size, margin + ratio + earlier, width)
+        dev = next(iter(self.window.values())).device
+        self.pending[key] = (torch.zeros(ring, dtype=dtype, device=dev), torch.zeros(ring, dtype=dtype, device=dev))
+        self.pending_window[key] = (ratio, earlier)
 
     # ---- bookkeeping ------------------------------------------------------------------------------
     def resolve_rows(self, rows, n: int) -> torch.Tensor:
@@ -98,7 +113,8 @@ class ModelCache:
             for src, ratio in self.ratio.items():  # rows that no longer exist read as never written
                 end = min(top // ratio + 1, self.comp_kv[src].size(1) - 1)
                 self.comp_kv[src][r, t // ratio:end] = 0
-                self.index_k[src][r, t // ratio:end] = 0
+                if src in self.index_k:
+                    self.index_k[src][r, t // ratio:end] = 0
             if self.engram_history is not None:
                 self.engram_history[r, t:top] = 0
         self.pos[rows] = target
@@ -130,12 +146,14 @@ class ModelCache:
             out[f"window.{layer}"] = ring[row, slots.to(ring.device)]
         for src, r in self.ratio.items():
             out[f"comp_kv.{src}"] = self.comp_kv[src][row, : p // r]
-            out[f"index_k.{src}"] = self.index_k[src][row, : p // r]
-            if src in self.pending:
-                lead = p % r  # tokens of the unfinished group
-                slots = torch.tensor([t % self.pending[src][0].size(1) for t in range(p - lead, p)], dtype=torch.long)
-                out[f"pending_kv.{src}"] = self.pending[src][0][row, slots]
-                out[f"pending_gate.{src}"] = self.pending[src][1][row, slots]
+            if src in self.index_k:
+                out[f"index_k.{src}"] = self.index_k[src][row, : p // r]
+        for key, (kv, gate) in self.pending.items():
+            r, earlier = self.pending_window[key]
+            lead = p % r + min(earlier, p - p % r)  # tokens of the unfinished group (and the window before it)
+            slots = torch.tensor([t % kv.size(1) for t in range(p - lead, p)], dtype=torch.long)
+            out[f"pending_kv.{key}"] = kv[row, slots]
+            out[f"pending_gate.{key}"] = gate[row, slots]
         if self.engram_history is not None:
             out["engram_history"] = self.engram_history[row, :p]
         return out

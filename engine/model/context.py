@@ -19,6 +19,7 @@ class ForwardContext:
     options: EngineOptions
     image_mask: torch.Tensor | None = None   # [B, S] bool, image-span tokens
     trace: object | None = None
+    tokens: torch.Tensor | None = None       # [B, S] the call's token ids on the model's device (V4 hash routing)
     # published during the call: index lists (compressed-row coordinates, −1 empty) per index
     # source layer, and the candidate source's position mask
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -55,8 +56,9 @@ class ForwardContext:
         skip = self.n_tokens - n
         mask = None if self.image_mask is None else self.image_mask[:, skip:]
         cand = None if self.candidates is None else self.candidates[:, skip:]
+        tokens = None if self.tokens is None else self.tokens[:, skip:]
         return replace(self, start=self.start + skip, n_tokens=n, positions=self.positions[:, skip:], image_mask=mask,
-                       topk={k: v[:, skip:] for k, v in self.topk.items()}, candidates=cand, memo={})
+                       topk={k: v[:, skip:] for k, v in self.topk.items()}, candidates=cand, memo={}, tokens=tokens)
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [B], positions [B, S]) on the CPU, as the Trace receives them (with static shapes: the

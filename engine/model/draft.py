@@ -1,5 +1,6 @@
 """DSpark drafter stages `mtp.{s}` (spec §7): ordinary blocks whose attention reads a ring of tapped target
-features plus the whole draft block (non-causal inside it), and the last stage's Markov and confidence heads."""
+features plus the whole draft block (non-causal inside it), and the last stage's Markov and confidence heads
+(V4: and its own hc_head, which collapses the draft streams)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,26 +9,38 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.roles import family_roles
 from .attention import Attention
 from .block import Block
 from .linear import Linear
-from .mhc import collapse
+from .mhc import HCHead, collapse
 from .norm import RMSNorm, upcast
-from .quant import fp8_qdq
 from .rope import apply_rope
 from .sparse_attn import sparse_attn
 
 
 class MarkovHead(nn.Module):
+    """W1 [V, r] (an embedding of the previous token) and W2 [V, r], named as the family's checkpoint names them:
+    V4.1 `embed` / `head`, the V4-DSpark files `markov_w1` / `markov_w2`."""
+
     def __init__(self, args, dtype=None, device=None):
         super().__init__()
-        self.embed = nn.Embedding(args.vocab_size, args.dspark_markov_rank, dtype=dtype, device=device)   # W1
-        self.head = Linear(args.dspark_markov_rank, args.vocab_size, dtype=dtype, device=device)          # W2 [V, r]
+        self.w1_name, self.w2_name = family_roles(args).markov_names
+        setattr(self, self.w1_name, nn.Embedding(args.vocab_size, args.dspark_markov_rank, dtype=dtype, device=device))
+        setattr(self, self.w2_name, Linear(args.dspark_markov_rank, args.vocab_size, dtype=dtype, device=device))
+
+    @property
+    def w1(self) -> nn.Embedding:
+        return getattr(self, self.w1_name)
+
+    @property
+    def w2(self) -> Linear:
+        return getattr(self, self.w2_name)
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """prev [B] token ids → (e [B, r] the W1 row, bias [B, V] fp32 added to the base logits)."""
-        e = self.embed(prev)
-        return e, F.linear(upcast(e), upcast(self.head.weight))
+        e = self.w1(prev)
+        return e, F.linear(upcast(e), upcast(self.w2.weight))
 
 
 class ConfidenceHead(nn.Module):
@@ -74,16 +87,16 @@ class DraftAttention(Attention):
     def ring_kv(self, main_x: torch.Tensor, positions: torch.Tensor, quant: bool) -> torch.Tensor:
         """main_x [B, S, dim] at absolute positions [B, S] → ring rows [B, S, head_dim] (spec §7 prefill)."""
         kv = apply_rope(self.kv_norm(self.wkv(main_x)), self.rotary.cis(positions))
-        return fp8_qdq(kv) if quant else kv
+        return self.quant_kv(kv) if quant else kv
 
     def forward(self, x: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         """x [B, γ, dim] (normed collapse of the block's streams) → [B, γ, dim]."""
         B, S, _ = x.shape
         cis = ctx.cached(("cis", self.rotary.key), lambda: self.rotary.cis(ctx.positions))  # [B, γ, rope/2]
-        q = apply_rope(self.wq_b(self.q_norm(self.wq_a(x))).unflatten(-1, (self.n_heads, self.head_dim)), cis)
+        q = self.queries(x, cis)[0]                                          # [B, γ, H, D]
         kv = apply_rope(self.kv_norm(self.wkv(x)), cis)                      # [B, γ, D]
         if ctx.quant_sim:
-            kv = fp8_qdq(kv)
+            kv = self.quant_kv(kv)
         ring = ctx.rings[self.layer]                                         # [B, slots, D]
         slots = ring.size(1)
         block = slots + torch.arange(S, device=x.device)                     # the block's own rows
@@ -97,9 +110,9 @@ class DraftAttention(Attention):
         return self.wo_b(z.flatten(2))
 
 
-class DraftStage(Block):
+class DraftStage(Block, HCHead):
     """An ordinary block (ratio 0, drafter expert counts) plus stage 0's main_proj/main_norm and the
-    last stage's norm, Markov head and confidence head."""
+    last stage's norm, Markov head and confidence head (V4: and hc_head_{fn,base,scale})."""
 
     def __init__(self, args, role, stage: int, dtype=None, device=None):
         super().__init__(args, role, dtype=dtype, device=device)
@@ -112,6 +125,25 @@ class DraftStage(Block):
             self.norm = RMSNorm(args.dim, args.norm_eps, **kw)
             self.markov_head = MarkovHead(args, **kw)
             self.confidence_head = ConfidenceHead(args, **kw)
+            if family_roles(args).hc_head:
+                self.add_hc_head(args, **kw)
+
+
+class MTPStage(Block, HCHead):
+    """A plain multi-token-prediction layer `mtp.{s}` (V4-Flash without DSpark): a block plus its embedding and
+    hidden projections (e_proj, h_proj) with their norms, its own norm and hc_head. Built so that such a
+    checkpoint loads name for name (and converts to the official layout); the engine drafts with DSpark only
+    and does not run it."""
+
+    def __init__(self, args, role, dtype=None, device=None):
+        super().__init__(args, role, dtype=dtype, device=device)
+        kw = dict(dtype=dtype, device=device)
+        self.enorm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.e_proj = Linear(args.dim, args.dim, quantized=True, **kw)
+        self.h_proj = Linear(args.dim, args.dim, quantized=True, **kw)
+        self.norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.add_hc_head(args, **kw)
 
 
 def main_features(model, taps: torch.Tensor) -> torch.Tensor:
@@ -122,7 +154,7 @@ def main_features(model, taps: torch.Tensor) -> torch.Tensor:
 
 def draft_hidden(model, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
     """Draft block ids [B, γ] ([anchor, noise, …]) through every stage → Hd [B, γ, dim], the collapse of the
-    last stage's streams with its ffn `pre` (pre-norm)."""
+    last stage's streams (pre-norm): with its ffn `pre` (V4.1), with its own hc_head (V4)."""
     a = model.args
     B, S = ids.shape
     x = model.embed(ids).unsqueeze(2).repeat(1, 1, a.hc_mult, 1)             # [B, γ, hc, dim]
@@ -130,4 +162,4 @@ def draft_hidden(model, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
     pre[..., 0] = 1.0                                                        # the drafter restarts from one-hot
     for stage in model.mtp:
         x, pre = stage(x, pre, ctx)
-    return collapse(x, pre)
+    return model.mtp[-1].hc_head(x) if family_roles(a).hc_head else collapse(x, pre)

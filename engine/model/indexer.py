@@ -1,14 +1,16 @@
-"""Lightning indexer (spec §4.3.2): Own / Reindex query heads over shared index keys, candidate filter, top-k."""
+"""Lightning indexer (spec §4.3.2; V4 §11): Own / Reindex query heads over index keys, candidate filter, top-k."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.roles import family_roles
+from .compressor import Compressor
 from .context import ForwardContext
 from .linear import Linear
 from .norm import RMSNorm, upcast
-from .quant import fp4_qdq
+from .quant import fp4_qdq, v4_index_qdq
 from .rope import apply_rope
 
 
@@ -35,23 +37,33 @@ def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, top_blo
 
 
 class Indexer(nn.Module):
-    """Index source of one layer. Key owners (KV sources) also turn each compressed latent into an index key."""
+    """Index source of one layer. Key owners also make the index keys: a V4.1 KV source from each compressed KV
+    latent (wk, k_norm); a V4 CSA layer with a compressor of its own over the layer input (spec §11)."""
 
     def __init__(self, args, role, dtype=None, device=None):
         super().__init__()
         self.role = role
         self.owns_keys = role.indexer == "own"
+        family = family_roles(args)
+        self.rotated = family.v4_quant_sim   # V4: Hadamard-rotated FP4 queries and keys in quant simulation
         self.n_heads, self.head_dim = args.index_n_heads, args.index_head_dim
         self.topk = args.index_topk
         self.top_blocks, self.block = args.candidate_topk_blocks, args.candidate_block_size
         self.wq_b = Linear(args.q_lora_rank, self.n_heads * self.head_dim, quantized=True, dtype=dtype, device=device)
         self.weights_proj = Linear(args.dim, self.n_heads, dtype=dtype, device=device)
-        if self.owns_keys:
+        if self.owns_keys and family.key_compressor:
+            self.compressor = Compressor(args, role.ratio, role.layer, head_dim=self.head_dim,
+                                         pending=f"{role.layer}.indexer", dtype=dtype, device=device)
+        elif self.owns_keys:
             self.wk = Linear(args.head_dim, self.head_dim, dtype=dtype, device=device)
             self.k_norm = RMSNorm(self.head_dim, args.norm_eps, dtype=dtype, device=device)
 
     def keys(self, latent: torch.Tensor, cis: torch.Tensor, quant: bool) -> torch.Tensor:
-        """Pre-RoPE latents [B, G, head_dim] → index keys [B, G, index_head_dim] (rope at the group position)."""
+        """Pre-RoPE latents [B, G, ·] → index keys [B, G, index_head_dim] (rope at the group position). V4.1: the
+        compressed KV latents, projected; V4: the latents of the indexer's own compressor, already keys."""
+        if hasattr(self, "compressor"):
+            k = apply_rope(latent, cis)
+            return v4_index_qdq(k) if quant else k
         k = apply_rope(self.k_norm(self.wk(latent)), cis)
         return fp4_qdq(k, 32, "ue8m0") if quant else k
 
@@ -95,7 +107,7 @@ class Indexer(nn.Module):
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
         q = apply_rope(q, cis)
         if ctx.options.quant_sim:
-            q = fp4_qdq(q, 32, "ue8m0")
+            q = v4_index_qdq(q) if self.rotated else fp4_qdq(q, 32, "ue8m0")
         w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
         keys = upcast(ctx.cache.index_k[src][ctx.rows_dev, :width])                  # [B, W, d]
         return q, w, keys, ctx.visible(ctx.cache.ratio[src])

@@ -1,4 +1,4 @@
-"""Seeded random initialisation for any V4.1 config, scaled so activations stay O(1) through all layers."""
+"""Seeded random initialisation for any V4-family config, scaled so activations stay O(1) through all layers."""
 from __future__ import annotations
 
 import math
@@ -25,6 +25,11 @@ def init_weights(model, seed: int) -> None:
         for name, p in model.named_parameters():
             gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
             p.copy_(_value(name, tuple(p.shape), a, depth, gen))
+        for name, table in model.named_buffers():
+            if name.endswith("tid2eid"):  # V4 hash routing: k distinct experts per token id
+                gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+                n_experts = model.get_submodule(name.removesuffix(".gate.tid2eid")).n_experts
+                table.copy_(torch.rand(table.size(0), n_experts, generator=gen).argsort(-1)[:, : table.size(1)])
 
 
 def _value(name: str, shape: tuple, a, depth: float, gen: torch.Generator) -> torch.Tensor:
@@ -37,6 +42,10 @@ def _value(name: str, shape: tuple, a, depth: float, gen: torch.Generator) -> to
         return torch.zeros(shape)
     if "hc_" in name and name.endswith("_fn"):
         return normal(0.1 / math.sqrt(shape[1]))      # mixes ≈ N(0, 0.1²) after the RMS normalisation
+    if name.endswith("hc_head_base"):                  # V4 final collapse: every stream weighted ~equally
+        return torch.zeros(shape)
+    if name.endswith(".ape"):                          # V4 compressor gate bias per window slot
+        return normal(0.5)
     if "hc_" in name and name.endswith("_base"):
         hc = a.hc_mult
         base = torch.zeros(shape)
@@ -44,7 +53,8 @@ def _value(name: str, shape: tuple, a, depth: float, gen: torch.Generator) -> to
         return base
     if name == "embed.weight" or name.endswith("engram.embed.weight"):
         return normal(1.0)
-    if name.endswith(("markov_head.embed.weight", "markov_head.head.weight")):
+    if name.endswith(("markov_head.embed.weight", "markov_head.head.weight", "markov_head.markov_w1.weight",
+                      "markov_head.markov_w2.weight")):
         return normal(0.02)
     if len(shape) == 2:                                # Linear [out, in]
         std = 1.0 / math.sqrt(shape[1])

@@ -1,10 +1,11 @@
-"""mHC (spec §4.2): mixes from the flattened streams, Sinkhorn in fp32, collapse and expand."""
+"""mHC (spec §4.2): mixes from the flattened streams, Sinkhorn in fp32, collapse and expand; V4's learned hc_head."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .norm import upcast
 
@@ -52,3 +53,25 @@ def expand(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: to
 def stochastic_error(comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Max |row sum − 1| and max |column sum − 1| per token: [B,S,hc,hc] → ([B,S], [B,S])."""
     return (comb.sum(-1) - 1).abs().amax(-1), (comb.sum(-2) - 1).abs().amax(-1)
+
+
+class HCHead(nn.Module):
+    """The V4 family's learned final collapse (spec §11): pre = sigmoid(mixes · scale + base) + hc_eps from the
+    RMS-normalised flattened streams (no post, no Sinkhorn), then Σ_c pre_c · X_c. A base class of the modules
+    that own one (the Transformer; the last V4 DSpark stage): `add_hc_head` puts the parameters on the owner
+    under the checkpoint's flat names hc_head_fn [hc, hc·dim], hc_head_base [hc], hc_head_scale [1]."""
+
+    def add_hc_head(self, args, dtype=None, device=None) -> None:
+        fp32 = torch.float64 if dtype == torch.float64 else torch.float32
+        self.hc_head_fn = nn.Parameter(torch.zeros(args.hc_mult, args.hc_dim, dtype=fp32, device=device))
+        self.hc_head_base = nn.Parameter(torch.zeros(args.hc_mult, dtype=fp32, device=device))
+        self.hc_head_scale = nn.Parameter(torch.ones(1, dtype=fp32, device=device))
+        self.hc_head_eps, self.hc_head_norm_eps = args.hc_eps, args.norm_eps
+
+    def hc_head(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, S, hc, D] → [B, S, D]."""
+        xf = upcast(x.flatten(2))                                             # [B, S, hc·D]
+        mixes = F.linear(xf, upcast(self.hc_head_fn)) * torch.rsqrt(xf.square().mean(-1, keepdim=True)
+                                                                    + self.hc_head_norm_eps)
+        pre = torch.sigmoid(mixes * upcast(self.hc_head_scale) + upcast(self.hc_head_base)) + self.hc_head_eps
+        return collapse(x, pre)

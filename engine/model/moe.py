@@ -1,12 +1,23 @@
-"""MoE (spec §4.5): sqrt-softplus router with selection-only bias, SwiGLU experts with clamp, shared expert."""
+"""MoE (spec §4.5): sqrt-softplus router with selection-only bias (or V4's hash table), SwiGLU experts with clamp,
+shared expert."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.errors import InputError
+from ..spec.roles import family_roles
 from .linear import Linear
 from .norm import upcast
+
+
+def route_weights(gate, chosen: torch.Tensor) -> torch.Tensor:
+    """Routing weights from the unbiased scores of the chosen experts [N, k]: renormalised, times route_scale."""
+    weights = chosen
+    if gate.norm_topk and gate.topk > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * gate.route_scale
 
 
 class Gate(nn.Module):
@@ -17,7 +28,8 @@ class Gate(nn.Module):
         fp32 = torch.float64 if dtype == torch.float64 else torch.float32
         self.weight = nn.Parameter(torch.empty(n_experts, args.dim, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
-        self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
+        if family_roles(args).vision_bias:  # V4.1 only: image tokens select with their own bias
+            self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
 
     def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
         """x [N, dim] → (weights [N, k], ids [N, k], raw scores of the chosen [N, k])."""
@@ -26,10 +38,27 @@ class Gate(nn.Module):
         bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
         ids = (scores + bias).topk(self.topk, dim=-1).indices                # the bias only selects
         chosen = scores.gather(-1, ids)
-        weights = chosen
-        if self.norm_topk and self.topk > 1:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * self.route_scale, ids, chosen
+        return route_weights(self, chosen), ids, chosen
+
+
+class HashGate(nn.Module):
+    """V4 hash routing (spec §11, the first n_hash_layers layers): a fixed table `tid2eid` [vocab, k] names each
+    token id's experts; the learned weight only scores them (the same sqrt-softplus weights as Gate, no bias)."""
+
+    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None):
+        super().__init__()
+        self.topk, self.route_scale, self.temp = topk, args.route_scale, args.gate_temp
+        self.norm_topk = args.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(n_experts, args.dim, dtype=dtype, device=device))
+        self.register_buffer("tid2eid", torch.zeros(args.vocab_size, topk, dtype=torch.long, device=device))
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor):
+        """x [N, dim], tokens [N] ids → (weights [N, k], ids [N, k], raw scores of the chosen [N, k])."""
+        logits = F.linear(upcast(x), upcast(self.weight)) / self.temp
+        scores = F.softplus(logits).sqrt()
+        ids = self.tid2eid[tokens.to(self.tid2eid.device)].to(x.device)      # the token picks, not the scores
+        chosen = scores.gather(-1, ids)
+        return route_weights(self, chosen), ids, chosen
 
 
 class Expert(nn.Module):
@@ -55,19 +84,26 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, weights: torch.Te
 
 
 class MoE(nn.Module):
-    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None):
+    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None, hash_routed: bool = False):
         super().__init__()
         self.n_experts, self.topk, self.limit = n_experts, topk, args.swiglu_limit
-        self.gate = Gate(args, n_experts, topk, dtype=dtype, device=device)
+        self.hash_routed = hash_routed
+        self.gate = (HashGate if hash_routed else Gate)(args, n_experts, topk, dtype=dtype, device=device)
         self.experts = nn.ModuleList(Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, dtype=dtype, device=device)
                                      for _ in range(n_experts))
         self.shared_experts = Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
-        """x [B, S, dim], vision [B, S] (image tokens) → (y [B, S, dim], (weights, ids, scores) each [B, S, k])."""
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None):
+        """x [B, S, dim], vision [B, S] (image tokens), tokens [B, S] (ids; a hash-routed MoE needs them) →
+        (y [B, S, dim], (weights, ids, scores) each [B, S, k])."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])                                       # [N, dim]
-        weights, ids, scores = self.gate(flat, None if vision is None else vision.reshape(-1))
+        if self.hash_routed:
+            if tokens is None:
+                raise InputError("a hash-routed MoE (V4's first n_hash_layers layers) needs the token ids")
+            weights, ids, scores = self.gate(flat, tokens.reshape(-1))
+        else:
+            weights, ids, scores = self.gate(flat, None if vision is None else vision.reshape(-1))
         y = self.routed_experts(flat, weights, ids) + upcast(self.shared_experts(flat))
         k = ids.size(-1)
         return y.to(x.dtype).view(shape), (weights.view(*shape[:-1], k), ids.view(*shape[:-1], k),

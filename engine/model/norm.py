@@ -1,4 +1,4 @@
-"""RMSNorm (spec §3.1) and the compute-dtype rule shared by the model's numerics."""
+"""RMSNorm (spec §3.1), its weightless form, and the compute-dtype rule shared by the model's numerics."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +8,12 @@ from torch import nn
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """fp32 for bf16/fp16/fp32 tensors; float64 stays float64 (used by the exactness tests)."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weightless RMS normalisation over the last dim (V4's per-head query norm), math in fp32."""
+    xf = upcast(x)
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

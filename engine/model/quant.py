@@ -81,3 +81,30 @@ def fp4_qdq(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
         raise InputError(f"unknown FP4 scale format {scale!r}; expected 'ue8m0' or 'e4m3'")
     s = s.to(xg.dtype).unsqueeze(-1)
     return _unblock(round_e2m1((xg / s).clamp(-FP4_MAX, FP4_MAX)) * s, x)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal Walsh–Hadamard transform of the last dim (Sylvester order, scaled by n^-1/2), n a power of two:
+    the V4 reference's `rotate_activation`, which spreads each vector over all channels before FP4 rounding."""
+    n = x.size(-1)
+    y = x if x.dtype == torch.float64 else x.float()
+    h = 1
+    while h < n:
+        y = y.unflatten(-1, (-1, 2, h))                                      # [..., n / 2h, 2, h]: pairs (j, j + h)
+        y = torch.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], -2).flatten(-3)
+        h *= 2
+    return (y * n ** -0.5).to(x.dtype)
+
+
+def v4_kv_qdq(kv: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """The V4 reference's simulation on window and compressed KV: FP8 (block 64) on the nope channels only; the
+    rope channels stay in the activation dtype."""
+    return torch.cat([fp8_qdq(kv[..., :-rope_dim], 64), kv[..., -rope_dim:]], -1)
+
+
+def v4_index_qdq(x: torch.Tensor) -> torch.Tensor:
+    """The V4 reference's simulation on indexer queries and keys: Hadamard rotation, then FP4 (block 32, ue8m0).
+    Both sides are rotated, so scores change only by the rounding; a width that is not a power of two (tiny
+    configs only) is quantized unrotated."""
+    n = x.size(-1)
+    return fp4_qdq(hadamard(x) if n & (n - 1) == 0 else x, 32, "ue8m0")

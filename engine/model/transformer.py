@@ -1,4 +1,5 @@
-"""Transformer (spec §4.1): embed → hc streams → Engram + blocks → collapse with the last pre → norm → head."""
+"""Transformer (spec §4.1): embed → hc streams → Engram + blocks → collapse (last pre, or V4's hc_head) → norm →
+head."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -8,15 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..spec.config import ConfigError, ModelArgs
+from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from ..spec.roles import family_roles
 from .block import Block
 from .cache import ModelCache
 from .context import ForwardContext
-from .draft import DraftStage
+from .draft import DraftStage, MTPStage
 from .engram import DEAD, NgramRows
 from .linear import Linear
-from .mhc import collapse
+from .mhc import HCHead, collapse
 from .moe import MoE
 from .norm import RMSNorm
 from .options import EngineOptions
@@ -29,14 +31,18 @@ class ForwardOutput(NamedTuple):
     taps: torch.Tensor | None
 
 
-class Transformer(nn.Module):
+class Transformer(HCHead):
+    """Both families on one code path; what differs is read from the roles (engine.spec.roles): per layer
+    (compression, KV and index sources, hash routing, Engram) and per family (single-pass mHC or V4's hc_head)."""
+
     def __init__(self, args: ModelArgs, token_map: np.ndarray | None = None, *, dtype=torch.float32,
                  device="cpu", options: EngineOptions | None = None):
         super().__init__()
-        if args.family != "v4.1":
-            raise ConfigError(f"config '{args.name or args.model_type}' describes the V4 family; this engine runs "
-                              "DeepSeek-V4.1 only (shared KV sources, Engram, no hash routing)")
         self.args, self.options = args, options or EngineOptions()
+        self.family = family_roles(args)
+        if self.options.bounded_replay and not args.kv_source_layers:
+            raise InputError(f"EngineOptions.bounded_replay needs shared KV sources (V4.1); config "
+                             f"'{args.name or args.model_type}' has none (V4: every compressed layer compresses)")
         self.margin = self.options.margin_for(args.dspark_block_size)
         kw = dict(dtype=dtype, device=device)
         roles = args.roles
@@ -44,8 +50,11 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args, roles[i], **kw) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, **kw)
         self.head = Linear(args.dim, args.vocab_size, **kw)
-        self.mtp = nn.ModuleList(DraftStage(args, roles[args.n_layers + s], s, **kw)
-                                 for s in range(args.n_draft_stages)) if args.has_dspark else nn.ModuleList()
+        if self.family.hc_head:
+            self.add_hc_head(args, **kw)
+        stages = range(args.n_layers, args.n_layers + args.n_draft_stages)
+        self.mtp = nn.ModuleList(DraftStage(args, roles[i], i - args.n_layers, **kw) if args.has_dspark
+                                 else MTPStage(args, roles[i], **kw) for i in stages)
         self.ngram = NgramRows(args) if args.has_engram else None
         self.tapped = set(args.dspark_target_layer_ids)
         self.token_map: torch.Tensor | None = None
@@ -118,6 +127,9 @@ class Transformer(nn.Module):
         start = cache.pos[row_ids].clone()
         positions = start.unsqueeze(1) + torch.arange(S)                      # [B, S] CPU
         if image_mask is not None:
+            if not self.family.vision_bias:
+                raise InputError(f"image_mask given, but config '{self.args.name or self.args.model_type}' (V4 family) "
+                                 "has no image tokens")
             image_mask = torch.as_tensor(image_mask, dtype=torch.bool)
             if image_mask.shape != tokens.shape:
                 raise InputError(f"image_mask shape {tuple(image_mask.shape)} must equal tokens shape {(B, S)}")
@@ -138,6 +150,7 @@ class Transformer(nn.Module):
         runs the MoE and Sinkhorn under engine.speedups.sync_free so that nothing reads back to the host)."""
         a, dev = self.args, self.device
         B, S = tokens.shape
+        ctx.tokens = tokens                                                    # V4 hash routing reads the ids
         h = self.embed(tokens)                                                 # [B, S, dim]
         h = h.unsqueeze(2).repeat(1, 1, a.hc_mult, 1)                          # [B, S, hc, dim]
         pre = torch.zeros(B, S, a.hc_mult, dtype=torch.float64 if self.dtype == torch.float64 else torch.float32,
@@ -156,12 +169,16 @@ class Transformer(nn.Module):
             if i in self.tapped:
                 taps.append(h.mean(2))
             h, pre = layer(h, pre, ctx)
-        x = self.norm(collapse(h, pre))
+        x = self.norm(self.hc_head(h) if self.family.hc_head else collapse(h, pre))
         if logits == "last":
             x = x[:, -1]
+        return ForwardOutput(self.vocab_logits(x), torch.cat(taps, -1) if taps else None)
+
+    def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed hidden [..., dim] → logits [..., V] in fp32 (float64 for a float64 model). One method, so the
+        vocabulary-parallel transform (engine.parallel) can gather the logits its ranks compute in slices."""
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        out = F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
-        return ForwardOutput(out, torch.cat(taps, -1) if taps else None)
+        return F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
 
     def check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)

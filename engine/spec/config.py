@@ -12,6 +12,7 @@ from . import strict_json
 from .config_values import coerce
 from .engram_layout import EngramLayout
 from .errors import ConfigError
+from .hf_config import is_hf_v4, release_form
 from .limits import JSON_MAX_DEPTH
 from .strict_json import read_capped
 from .validation import validate
@@ -242,6 +243,8 @@ def config_from_dict(raw: Any, name: str = "") -> ModelArgs:
         raise ConfigError(f"top level must be a JSON object, got {_json_kind(raw)}")
     if strict_json.nesting_depth(raw) > JSON_MAX_DEPTH:  # a dict built in Python skipped strict_json.loads
         raise ConfigError(f"objects or lists nest more than {JSON_MAX_DEPTH} levels deep")
+    if is_hf_v4(raw):  # transformers 5 writes V4 configs in its own keys (layer_types, rope_parameters, ...)
+        raw = release_form(raw)
     values, origin = _flatten(raw)
     if not values.get("model_type") and "architectures" in raw:
         values["model_type"] = _model_type_from(raw["architectures"])

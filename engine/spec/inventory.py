@@ -5,8 +5,10 @@ Sources for names and shapes:
 * V4 / V4-DSpark: the public V4 reference `inference/model.py` (classes Compressor, Indexer, Gate,
   MTPBlock, Transformer; read through vendored copies) and checkpoint fixtures
   (`layers.2.attn.compressor.ape F32 [4, 1024]`, `layers.0.ffn.gate.tid2eid I64 [129280, 6]`,
-  1575 tensors under `mtp.0.*` in V4-Flash). The V4-DSpark drafter's names are not published;
-  they follow the V4.1 drafter plus the V4 `hc_head_*` of its last stage (spec §11) — see DRAFT_NOTE.
+  1575 tensors under `mtp.0.*` in V4-Flash). The V4-DSpark drafter's names come from serving ports that load
+  that checkpoint (a vLLM DSpark loader's "checkpoint layout (verified)", a quantizer's V4 MTP key list): three
+  V4 blocks `mtp.{0,1,2}`, stage 0's main_proj / main_norm, and on the last stage norm, `hc_head_*`,
+  `markov_head.markov_w1` / `markov_w2` (both [vocab, rank]) and `confidence_head.proj` — see DRAFT_NOTE.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from math import ceil, prod
 from typing import TYPE_CHECKING
 
 from .errors import InputError
+from .roles import family_roles
 
 if TYPE_CHECKING:
     from .config import ModelArgs
@@ -24,8 +27,10 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"F32": 4, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I32": 4, "I64": 8}
 FP4_BLOCK = 32  # MXFP4: one E8M0 scale per 32 weights along the input dimension
 
-DRAFT_NOTE = ("V4-DSpark drafter tensor names are inferred (V4.1 drafter layout + V4 hc_head on the last "
-              "stage); its expert count falls back to n_routed_experts when dspark_n_routed_experts is absent.")
+DRAFT_NOTE = ("V4-DSpark drafter tensor names are inferred from serving ports that load that checkpoint, not from "
+              "a published reference (V4.1 drafter layout, the V4 hc_head on the last stage, "
+              "markov_head.markov_w1/markov_w2); its expert count falls back to n_routed_experts when "
+              "dspark_n_routed_experts is absent.")
 VISION_NOTE = ("vision: only tensors whose names and shapes the spec documents are listed (aligner, image_* "
                "vectors, per-block wqkv and mlp.w1); the released checkpoint has 266 vision/aligner/image_* "
                "tensors whose full list is not published.")
@@ -210,8 +215,9 @@ def _drafter(b: _Builder) -> None:
         b.plain(f"{last}.norm.weight", a.dim)
         if a.family == "v4":
             b.hc_head(f"{last}.")
-        b.plain(f"{last}.markov_head.embed.weight", a.vocab_size, a.dspark_markov_rank)
-        b.plain(f"{last}.markov_head.head.weight", a.vocab_size, a.dspark_markov_rank)
+        w1, w2 = family_roles(a).markov_names   # V4.1 embed / head; the V4-DSpark files say markov_w1 / markov_w2
+        b.plain(f"{last}.markov_head.{w1}.weight", a.vocab_size, a.dspark_markov_rank)
+        b.plain(f"{last}.markov_head.{w2}.weight", a.vocab_size, a.dspark_markov_rank)
         b.plain(f"{last}.confidence_head.proj.weight", 1, a.dim + a.dspark_markov_rank)
 
 

@@ -54,6 +54,34 @@ class LayerRole:
         return " · ".join(bits)
 
 
+@dataclass(frozen=True)
+class FamilyRoles:
+    """What differs between the V4 and V4.1 families as a whole (spec §11), read by the one model code path."""
+    single_pass_mhc: bool    # V4.1: a site collapses with the previous site's pre; V4: with its own
+    hc_head: bool            # V4: learned final collapse `hc_head_{fn,base,scale}` (and on the last draft stage)
+    q_head_norm: bool        # V4: weightless RMS norm of each query head after wq_b
+    vision_bias: bool        # V4.1: the router's second selection bias `gate.bias_vl` for image tokens
+    markov_names: tuple[str, str]   # the Markov head's (W1, W2) module names in the checkpoint
+    overlap_ratio: int       # V4: compressors of this ratio pool two overlapping windows (CSA); 0 = none
+    ape: bool                # V4: compressors add a learned per-slot bias `ape` to their gate logits
+    key_compressor: bool     # V4: an indexer makes its keys with a compressor of its own (V4.1: from the KV latent)
+    v4_quant_sim: bool       # V4's reference simulation: FP8 (block 64) on the nope channels of the window and
+                             # compressed KV, Hadamard + FP4 on indexer queries and keys (V4.1: spec §4.3)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def family_roles(a: "ModelArgs") -> FamilyRoles:
+    if a.family == "v4":
+        return FamilyRoles(single_pass_mhc=False, hc_head=True, q_head_norm=True, vision_bias=False,
+                           markov_names=("markov_w1", "markov_w2"), overlap_ratio=4, ape=True, key_compressor=True,
+                           v4_quant_sim=True)
+    return FamilyRoles(single_pass_mhc=True, hc_head=False, q_head_norm=False, vision_bias=True,
+                       markov_names=("embed", "head"), overlap_ratio=0, ape=False, key_compressor=False,
+                       v4_quant_sim=False)
+
+
 def layer_roles(a: "ModelArgs") -> tuple[LayerRole, ...]:
     roles = []
     last_index_source: int | None = None

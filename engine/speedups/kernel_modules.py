@@ -34,7 +34,7 @@ class KernelBlock(Block):
             ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
 
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx):
-        if _reference_needed(x, self.hc_attn_fn):
+        if _reference_needed(x, self.hc_attn_fn) or not self.single_pass:  # the seams carry V4.1's shifted pre
             return super().forward(x, pre_in, ctx)
         _, a_pre, a_post, a_comb, c = launch.mhc_seam(x, carry=pre_in, **self._site("attn"))
         self._record(ctx, "attn", a_pre, a_post, a_comb)

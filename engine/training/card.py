@@ -218,7 +218,7 @@ def measure_decoding(engine, opts: CardOptions) -> dict:
 
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
-    from ..checkpoint.store import checkpoint_files
+    from ..checkpoint.files import checkpoint_files
     from ..generation import Engine
     from ..spec.accounting import account
     ckpt, data = Path(ckpt), Path(data)

@@ -1,0 +1,95 @@
+"""RemoteEngine: the Engine interface over a running engine service, so the app can drive an N-rank engine."""
+from __future__ import annotations
+
+import os
+import tempfile
+from multiprocessing.connection import Client
+from pathlib import Path
+from typing import Sequence
+
+from ..generation import Engine, GenerationResult, StepInfo
+from ..spec.config import config_from_dict
+from ..spec.errors import InputError
+from ..trace import Trace
+from .protocol import DEFAULT_PORT, authkey, budget_to_json, receive, result_from_json, send
+
+ADDRESS_ENV = "V41VIZ_ENGINE"   # host:port of a running service; the app attaches to it when this is set
+
+
+class RemoteEngine(Engine):
+    """Engine.generate / generate_text / encode against a service started with `python -m engine.serving`
+    (under torchrun: an N-rank engine) on this host. The tokenizer runs here; the weights live in the service,
+    so `model` is None. A trace passed to generate is filled in place from the trace rank 0 recorded."""
+
+    def __init__(self, address: str = f"127.0.0.1:{DEFAULT_PORT}"):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"engine service address must be host:port, got {address!r}")
+        self.address = (host, int(port))
+        hello = self.request({"op": "hello"})["hello"]
+        raw = dict(hello["args"])
+        args = config_from_dict(raw, raw.pop("name", "") or "")
+        from ..text.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer()
+        if hello["checkpoint"]:  # a reduced-vocabulary checkpoint maps model ids to tokenizer ids, as Engine.load does
+            from ..checkpoint.store import id_map_beside
+            from ..text.byte_fallback import ByteFallbackTokenizer
+            id_map = id_map_beside(hello["checkpoint"], tokenizer, args.vocab_size)
+            tokenizer = tokenizer if id_map is None else ByteFallbackTokenizer(id_map)
+        self.args, self.model, self.tokenizer = args, None, tokenizer
+        self.ranks = hello["ranks"]
+        self.source = f"{hello['source']} · engine service {address}"
+
+    def request(self, message: dict, on_message=None) -> dict:
+        """Send one request on a fresh connection; pass streamed messages to on_message; return the last one."""
+        try:
+            conn = Client(self.address, authkey=authkey())
+        except OSError as e:
+            raise InputError(f"no engine service at {self.address[0]}:{self.address[1]} ({e}); start one with "
+                             "`torchrun --nproc-per-node N -m engine.serving ...`") from None
+        with conn:
+            send(conn, message)
+            while True:
+                reply = receive(conn)
+                if "error" in reply:
+                    raise InputError(reply["error"])
+                if "token" not in reply:
+                    return reply
+                if on_message is not None:
+                    on_message(reply)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, dspark=None, trace: Trace | None = None,
+                 on_token=None, token_text=None, **settings) -> GenerationResult:
+        """Engine.generate in the service (settings: temperature, top_k, top_p, seed, stop_tokens, cuda_graphs).
+        Tokens stream to on_token as they are made; the service labels the trace with its own tokenizer."""
+        request = {"op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
+                   "max_new_tokens": int(max_new_tokens), "settings": settings, "dspark": None, "trace": None}
+        if dspark is not None:
+            request["dspark"] = {"schedule": dspark.schedule, "threshold": dspark.threshold,
+                                 "early_stop": dspark.early_stop, "confidence_temperature": dspark.confidence_temperature}
+        path = None
+        if trace is not None:
+            fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="v41viz-trace-")
+            os.close(fd)
+            request["trace"] = {"budget": budget_to_json(trace.budget), "meta": trace.meta, "path": path}
+
+        def on_message(reply: dict) -> None:
+            if on_token is not None:
+                row, token, info = reply["token"]
+                on_token(row, token, StepInfo(**info))
+
+        try:
+            done = self.request(request, on_message)
+            steps = []
+            if trace is not None:
+                recorded = Trace.load(path)
+                vars(trace).update(vars(recorded))   # the caller's object now holds what rank 0 recorded
+                steps = list(trace.dspark_steps)
+        finally:
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
+        return result_from_json(done["done"], done["speculative"], steps)
+
+    def shutdown(self) -> None:
+        """Ask the service to stop: every rank leaves its loop and the launch ends."""
+        self.request({"op": "shutdown"})
