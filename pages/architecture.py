@@ -7,7 +7,7 @@ from v41viz.ui.sidebar import current_view, page_setup
 page_setup("Architecture")
 config_key, view = current_view()
 state = architecture_page.sync_state(config_key, view)
-architecture_page.header(view)
+architecture_page.header(config_key, view)
 architecture_page.reading_guide()
 architecture_page.controls(view)
 architecture_page.write_url(state)
@@ -16,6 +16,6 @@ with left:
     architecture_page.diagram(config_key, view, state)
 with right:
     with st.container(border=True, key="details_panel"):
-        architecture_page.details(view, state)
+        architecture_page.details(config_key, view, state)
 architecture_page.accounting_tabs(view)
-architecture_page.memory_plan_section(view)
+architecture_page.memory_plan_section(config_key, view)

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from v41viz.arch import compare
+from v41viz.ui.plain_text import literal
 from v41viz.ui.sidebar import args_for, available_configs, page_setup
 
 page_setup("Compare")
@@ -28,9 +29,9 @@ table = compare.side_by_side(a, b)
 st.markdown(f"**{table['differs'].sum()} of {len(table)}** sizes and mechanisms differ.")
 st.table(highlight(table.set_index("quantity")))
 s1, s2 = st.columns(2)
-s1.markdown(f"**Folded layer stack — {key_a}**")
+s1.markdown(f"**Folded layer stack — {literal(key_a)}**")
 s1.dataframe(compare.folded_stack(a), hide_index=True, width="stretch")
-s2.markdown(f"**Folded layer stack — {key_b}**")
+s2.markdown(f"**Folded layer stack — {literal(key_b)}**")
 s2.dataframe(compare.folded_stack(b), hide_index=True, width="stretch")
 roles = compare.role_diff(a, b)
 st.markdown(f"**Layer roles** — {roles['differs'].sum()} of {len(roles)} positions differ")

@@ -1,12 +1,17 @@
 """Time the Architecture page's first view and box clicks in a real browser against a fresh `streamlit run app.py`.
 
-(a) navigation → the V4.1-Flash diagram visible, in fresh browser sessions (the first one also pays for the
-server's cold caches); (b) a click on a box → its details visible. Prints medians and ranges.
-Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 4] [--clicks 12]
+(a) navigation → the V4.1-Flash diagram visible, in fresh browser contexts (no cache; the first one also pays for
+the server's cold caches); (b) a click on a box: the server time (the rerun request leaving the browser → the
+server's "script finished" message, read off the websocket) and the browser round trip (click → the node's details
+shown). Prints medians and ranges.
+Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 5] [--clicks 12] [--root DIR]
+--root serves another copy of the app (for a before/after: `git archive REV | tar -x -C DIR`); the diagram labels
+are found both as SVG text (the diagram component) and as plotly annotations (the plotly diagram before it).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -16,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -23,15 +30,16 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update"]
 URL = "/architecture?config=deepseek-v4.1-flash"
 BOXES = ("LM head", "Router", "Token embedding", "attn_norm")   # clicked in turn; each selects another node
+DIAGRAM_LABEL = ".v41-diagram text, .js-plotly-plot g.annotation-text-g"
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                              "--server.port", str(port), "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -45,41 +53,83 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("streamlit did not come up")
 
 
+class ScriptRuns:
+    """Rerun requests sent and script-finished messages received on a page's Streamlit websocket, timestamped."""
+
+    def __init__(self, page):
+        self.sent: list[float] = []
+        self.finished: list[float] = []
+        page.on("websocket", self._watch)
+
+    def _watch(self, ws) -> None:
+        ws.on("framesent", self._sent)
+        ws.on("framereceived", self._received)
+
+    def _sent(self, payload) -> None:
+        if isinstance(payload, bytes):
+            msg = BackMsg()
+            msg.ParseFromString(payload)
+            if msg.WhichOneof("type") == "rerun_script":
+                self.sent.append(time.perf_counter())
+
+    def _received(self, payload) -> None:
+        if isinstance(payload, bytes):
+            msg = ForwardMsg()
+            msg.ParseFromString(payload)
+            if msg.WhichOneof("type") == "script_finished":
+                self.finished.append(time.perf_counter())
+
+    def server_time_after(self, page, t0: float) -> float:
+        """Seconds from the first rerun request sent after t0 to the next script-finished message (waiting, up to
+        30 s, for the page's events to arrive)."""
+        for _ in range(600):
+            start = next((t for t in self.sent if t >= t0), None)
+            end = next((t for t in self.finished if start is not None and t >= start), None)
+            if end is not None:
+                return end - start
+            page.wait_for_timeout(50)
+        raise RuntimeError("no script run followed the click")
+
+
 def first_view(browser, base: str) -> tuple[float, float]:
-    """Seconds from navigation to the page's title, and to the diagram's LM head box, in a fresh browser session."""
+    """Seconds from navigation to the page's title, and to the diagram's LM head box, in a fresh browser context."""
     context = browser.new_context(viewport={"width": 1600, "height": 1400})
     page = context.new_page()
     t0 = time.perf_counter()
     page.goto(base + URL)
     page.get_by_role("heading", name="deepseek-v4.1-flash").first.wait_for(timeout=120_000)
     title = time.perf_counter() - t0
-    page.locator(".js-plotly-plot g.annotation-text-g").filter(has_text="LM head").first.wait_for(timeout=120_000)
+    page.locator(DIAGRAM_LABEL).filter(has_text="LM head").first.wait_for(timeout=120_000)
     elapsed = time.perf_counter() - t0
     context.close()
     return title, elapsed
 
 
-def clicks(browser, base: str, n: int) -> list[float]:
-    """Seconds from a click on a box to its node id shown in the details panel (browser round trip)."""
+def clicks(browser, base: str, n: int) -> tuple[list[float], list[float]]:
+    """Per click on a box: the server's script time, and the browser round trip until the details show the node."""
     page = browser.new_page(viewport={"width": 1600, "height": 2200})
+    runs = ScriptRuns(page)
     page.goto(base + URL)
-    plot = page.locator(".js-plotly-plot").first
-    plot.locator("g.annotation-text-g").filter(has_text="LM head").first.wait_for(timeout=120_000)
+    page.locator(DIAGRAM_LABEL).filter(has_text="LM head").first.wait_for(timeout=120_000)
+    page.get_by_text("How the plan is made").wait_for(timeout=120_000)   # the first run is over
     panel = page.locator(".st-key-details_panel")
-    times = []
+    server, round_trip = [], []
     for i in range(n):
-        target = plot.locator("g.annotation-text-g").filter(has_text=BOXES[i % len(BOXES)]).first
-        box = target.bounding_box()
+        target = page.locator(DIAGRAM_LABEL).filter(has_text=BOXES[i % len(BOXES)]).first
         before = page.evaluate("() => new URLSearchParams(location.search).get('node')")
+        page.wait_for_timeout(300)
+        target.scroll_into_view_if_needed()
+        box = target.bounding_box()
         t0 = time.perf_counter()
         page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.wait_for_function("b => new URLSearchParams(location.search).get('node') !== b", arg=before,
                                timeout=30_000)
         node = page.evaluate("() => new URLSearchParams(location.search).get('node')")
         panel.locator("code").filter(has_text=node).first.wait_for(timeout=30_000)
-        times.append(time.perf_counter() - t0)
+        round_trip.append(time.perf_counter() - t0)
+        server.append(runs.server_time_after(page, t0))
     page.close()
-    return times
+    return server, round_trip
 
 
 def summary(name: str, xs: list[float]) -> str:
@@ -89,24 +139,30 @@ def summary(name: str, xs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", type=int, default=4, help="fresh browser sessions for (a)")
+    ap.add_argument("--sessions", type=int, default=5, help="fresh browser contexts for (a)")
     ap.add_argument("--clicks", type=int, default=12, help="box clicks for (b)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the app folder to serve (default: this checkout)")
     opts = ap.parse_args()
-    proc, base = start_server()
+    proc, base = start_server(opts.root)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             cold = first_view(browser, base)
             warm = [first_view(browser, base) for _ in range(opts.sessions)]
-            taken = clicks(browser, base, opts.clicks)
+            server, round_trip = clicks(browser, base, opts.clicks)
             browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"app: {opts.root}")
     print(f"(a) first view, fresh server (cold caches): diagram {cold[1]:.2f} s (title {cold[0]:.2f} s)")
-    print(summary("(a) first view, fresh browser session: diagram", [w[1] for w in warm]))
+    print(summary("(a) first view, fresh browser context: diagram", [w[1] for w in warm]))
     print(summary("    of which navigation → page title", [w[0] for w in warm]))
-    print(summary("(b) click → details", taken))
+    print(summary("(b) click → server script run", server))
+    print(summary("(b) click → details shown in the browser", round_trip))
+    print(f"load average at the end (1/5/15 min): {' '.join(load)} on {len(os.sched_getaffinity(0))} CPU(s)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """Opening the app's pages in the test browser and waiting as a person would (shared by the e2e test files)."""
 from __future__ import annotations
 
+import re
+
 WAIT_PAGE = 90_000   # a fresh server builds the V4.1 view once
+# A run's status sentence once it has finished by itself (max new tokens, or the model's end-of-text token).
+FINISHED = re.compile(r"status: (stopped at max new tokens|reached end of text)")
+STOPPED_BY_USER = re.compile(r"status: stopped by you after \d+ tokens?")
 
 
 def open_architecture(browser, url: str, width: int = 1600, height: int = 1400):
@@ -9,7 +14,7 @@ def open_architecture(browser, url: str, width: int = 1600, height: int = 1400):
     page = browser.new_page(viewport={"width": width, "height": height})
     page.goto(url)
     page.get_by_text("Reading this diagram").wait_for(timeout=WAIT_PAGE)
-    page.locator(".js-plotly-plot").first.wait_for(timeout=WAIT_PAGE)
+    page.locator(".v41-diagram").first.wait_for(timeout=WAIT_PAGE)
     # the page's last element: the script run is over, so the diagram is not redrawn under the test
     page.get_by_text("How the plan is made").wait_for(timeout=WAIT_PAGE)
     page.wait_for_timeout(800)
@@ -31,3 +36,26 @@ def settled(page) -> None:
                            "!document.querySelector('[data-stale=true]') && "
                            "!document.querySelector('[data-testid=stStatusWidget] button')", timeout=60_000)
     page.wait_for_timeout(300)
+
+
+# Pairs of x/y tick labels whose boxes overlap, per chart on the page (a rotated label's box is its upright bounding
+# box, so this over- rather than under-reports; labels turned exactly upright or level are measured exactly).
+TICK_OVERLAPS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(plot => {
+    const title = (plot.querySelector('.gtitle') || {}).textContent || '(untitled)';
+    const out = [];
+    for (const axis of ['.xtick text', '.ytick text']) {
+        const boxes = [...plot.querySelectorAll(axis)].filter(t => t.textContent)
+            .map(t => [t.textContent, t.getBoundingClientRect()]);
+        for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+            const [a, b] = [boxes[i][1], boxes[j][1]];
+            if (a.left < b.right - 0.5 && b.left < a.right - 0.5 && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5)
+                out.push(boxes[i][0] + ' / ' + boxes[j][0]);
+        }
+    }
+    return [title, out];
+})"""
+
+
+def tick_overlaps(page) -> dict[str, list[str]]:
+    """{chart title: overlapping tick label pairs} for every chart that has any."""
+    return {title: pairs for title, pairs in page.evaluate(TICK_OVERLAPS_JS) if pairs}

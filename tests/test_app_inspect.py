@@ -55,7 +55,7 @@ def test_a_random_weight_preset_says_its_text_is_noise():
 def test_generate_then_every_panel_renders_with_data():
     at = generate(inspect_page())
     assert not at.exception, at.exception
-    assert "status **done** (length)" in text_of(at)
+    assert "status: **stopped at max new tokens (6 tokens)**" in text_of(at)
     assert {m.label: m.value for m in at.metric}["new tokens"] == "6"
     charts = {}
     for panel in PANELS:
@@ -143,7 +143,57 @@ def test_an_official_fp8_folder_is_picked_and_generates(tmp_path, monkeypatch):
     at = generate(inspect_page(model="checkpoint:default-fp8"), prompt="ROMEO:", max_new=8)
     assert not at.exception, at.exception
     assert at.selectbox(key="inspect_model").value == "checkpoint:default-fp8"
-    assert "status **done** (length)" in text_of(at)
+    assert "status: **stopped at max new tokens (8 tokens)**" in text_of(at)
     assert {m.label: m.value for m in at.metric}["new tokens"] == "8"
     assert "default-fp8 (official FP8/FP4 checkpoint)" in at.selectbox(key="inspect_model").options
     assert any(m.value.startswith("**checkpoint:default-fp8** · 8 layers") for m in at.markdown)
+
+
+def test_a_link_offers_its_generation_and_lands_on_its_view():
+    """A link with a prompt, settings and a view: the form holds its settings, one click runs it, and the page
+    lands on its panel, layer, seam and token; the URL then describes the run (and keeps the old keys)."""
+    at = inspect_page(prompt="The quick brown fox", max_new="6", temperature="0.5", seed="3", panel="mHC",
+                      layer="layers.3", seam="ffn", token="4")
+    assert not at.exception, at.exception
+    assert at.text_area(key="inspect_prompt").value == "The quick brown fox"
+    assert at.number_input(key="inspect_temperature").value == 0.5 and at.number_input(key="inspect_seed").value == 3
+    assert any("This link shares a generation" in m.value for m in at.markdown)
+    at.button(key="inspect_offer_run").click()
+    at.run()
+    assert not at.exception, at.exception
+    assert "status: **stopped at max new tokens (6 tokens)**" in text_of(at)
+    assert at.segmented_control(key="inspect_panel").value == "mHC"
+    assert at.select_slider(key="mhc_layer").value == "layers.3" and at.radio(key="mhc_site").value == "ffn"
+    assert at.select_slider(key="inspect_token").value == 4
+    q = at.query_params
+    assert (q["model"], q["prompt"], q["temperature"], q["seed"], q["max_new"]) == \
+        ("checkpoint:default", "The quick brown fox", "0.5", "3", "6")
+    assert (q["panel"], q["layer"], q["seam"], q["token"]) == ("mHC", "layers.3", "ffn", "4")
+    assert not any(b.key == "inspect_offer_run" for b in at.button)     # the offer is spent
+
+
+def test_bad_url_values_become_notes_and_the_page_works():
+    at = inspect_page(token="²", panel="Nope", temperature="nan", model="no-such-model")
+    assert not at.exception, at.exception
+    notes = "\n".join(w.value for w in at.warning)
+    for key in ("`token=²` was ignored", "`panel=Nope` was ignored", "`temperature=nan` was ignored",
+                "model 'no-such-model'"):
+        assert key in notes, (key, notes)
+    generate(at)
+    assert not at.exception, at.exception
+    assert at.segmented_control(key="inspect_panel").value == "Experts"
+
+
+
+def test_a_long_prompt_travels_as_a_short_id():
+    """A prompt over the URL's inline length is written as `pid`; a new session on the same server resolves it, and
+    an id it does not know is a note."""
+    prompt = "Now is the winter of our discontent. " * 30           # 1110 characters
+    at = generate(inspect_page(), prompt=prompt, max_new=2)
+    assert not at.exception, at.exception
+    assert "prompt" not in at.query_params and len(at.query_params["pid"]) == 12
+    again = inspect_page(pid=at.query_params["pid"])
+    assert again.text_area(key="inspect_prompt").value == prompt
+    assert any("This link shares a generation" in m.value for m in again.markdown)
+    unknown = inspect_page(pid="0123456789ab")
+    assert any("`0123456789ab`, which this server does not know" in w.value for w in unknown.warning)

@@ -4,27 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.browser_helpers import open_architecture
+from v41viz.arch.source import engine_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = "/architecture?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"
 TALL = 2200   # the whole V4.1 diagram fits in the viewport
-
-
-def _box(page, locator) -> dict:
-    """The on-screen box of a diagram label. Plotly may redraw its annotations once more after the run (fonts,
-    layout), detaching the element found a moment ago: look it up again until it holds still, as a person's
-    second glance would (at most ~10 s)."""
-    for _ in range(20):
-        try:
-            locator.scroll_into_view_if_needed(timeout=2_000)
-            box = locator.bounding_box(timeout=2_000)
-            if box is not None:
-                return box
-        except Exception as e:  # playwright's Error: "Element is not attached to the DOM"
-            if "not attached" not in str(e) and "Timeout" not in str(e):
-                raise
-        page.wait_for_timeout(500)
-    raise AssertionError(f"{locator} never held still on the page")
 
 
 def _details(page):
@@ -39,33 +23,31 @@ def test_shared_url_restores_the_view(server, browser, screenshots):
     panel.get_by_text("layers.14.engram", exact=False).first.wait_for(timeout=30_000)
     assert "Engram" in panel.inner_text()
     assert "99,092" in panel.inner_text()          # the config's compressed vocabulary, in the explanation
-    svg_text = page.locator(".js-plotly-plot").first.inner_text()
+    svg_text = page.locator(".v41-root").first.inner_text()
     assert "layer 5" in svg_text and "layers 3–7" not in svg_text   # the group is expanded layer by layer
     assert "layers 9–13" in svg_text and "×5" in svg_text            # other groups stay folded
     assert "inside layers.14" in svg_text
     page.screenshot(path=str(screenshots / "architecture_shared_url.png"), full_page=True)
-    diagram = page.locator("[data-testid='stPlotlyChart']").first
-    diagram.screenshot(path=str(screenshots / "architecture_diagram_v41.png"))
+    page.locator(".v41-root").first.screenshot(path=str(screenshots / "architecture_diagram_v41.png"))
     page.close()
 
 
 def test_click_a_box_opens_its_details(server, browser, screenshots):
     base, _ = server
     page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash", height=TALL)
-    plot = page.locator(".js-plotly-plot").first
-    target = plot.locator("g.annotation-text-g").filter(has_text="LM head").first
-    box = _box(page, target)
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    diagram = page.locator(".v41-diagram").first
+    diagram.locator(".v41-box").filter(has_text="LM head").first.click()
     panel = _details(page)
     panel.get_by_text("Scores all 129,280 tokens").first.wait_for(timeout=30_000)
     panel.get_by_text("[129280, 5120]").first.wait_for(timeout=15_000)   # the head's checkpoint tensor shape
     text = panel.inner_text()
     assert "LM head" in text and "661.91M" in text and "BF16" in text
     page.wait_for_function("() => window.location.search.includes('node=head')", timeout=10_000)
-    router = plot.locator("g.annotation-text-g").filter(has_text="Router").first
-    rb = _box(page, router)
-    page.mouse.move(rb["x"] + rb["width"] / 2, rb["y"] + rb["height"] / 2)
-    hover = page.locator(".hoverlayer .hovertext").first
+    selected = diagram.locator(".v41-box.v41-selected")
+    selected.filter(has_text="LM head").wait_for(timeout=10_000)      # the drawing marks the clicked box
+    assert selected.count() == 1
+    diagram.locator(".v41-box").filter(has_text="Router").first.hover()
+    hover = page.locator(".v41-tip").first
     hover.wait_for(timeout=10_000)
     assert "layers.2.ffn.gate" in hover.text_content() and "params" in hover.text_content()
     page.screenshot(path=str(screenshots / "architecture_clicked_head.png"), full_page=True)
@@ -95,13 +77,15 @@ def test_v4_dspark_pairs_fold_and_expand(server, browser, screenshots):
     base, _ = server
     page = open_architecture(browser, base + "/architecture?config=deepseek-v4-flash-dspark&node=layers.0.ffn.gate",
                              height=TALL)
-    svg = page.locator(".js-plotly-plot").first.inner_text()
+    svg = page.locator(".v41-root").first.inner_text()
     assert "layers 3–38" in svg and "×18 pairs" in svg and "mHC head" in svg
     panel = _details(page)
     assert "Hash router" in panel.inner_text()
-    assert "not implemented in the engine yet" in panel.inner_text()      # V4 hash routing is not in the engine
-    diagram = page.locator("[data-testid='stPlotlyChart']").first
-    diagram.screenshot(path=str(screenshots / "architecture_diagram_v4_dspark.png"))
+    if engine_source("hash_gate").found:     # the details show V4's hash routing from the engine when it has it
+        assert "Engine source: engine.model.moe.HashGate" in panel.inner_text()
+    else:
+        assert "not implemented in the engine yet" in panel.inner_text()
+    page.locator(".v41-root").first.screenshot(path=str(screenshots / "architecture_diagram_v4_dspark.png"))
     page.close()
 
 
@@ -112,7 +96,7 @@ def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tm
     bad.write_text('{"dim": 64, "n_layers": 2')
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad))
     page.get_by_text("Upload rejected").wait_for(timeout=30_000)
-    assert "invalid JSON" in page.locator("[data-testid='stSidebar']").inner_text()
+    assert "invalid JSON" in page.locator("[data-testid='stMain']").inner_text()   # in the main area
     assert "tiny-v4" in page.locator("h1").first.inner_text()   # still showing the previous config
     good = tmp_path / "my-model.json"
     good.write_text((ROOT / "configs" / "tiny-v4.1.json").read_text())
@@ -120,7 +104,7 @@ def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tm
     page.get_by_role("heading", name="my-model").wait_for(timeout=60_000)
     page.wait_for_function("() => window.location.search.includes('config=upload%3Amy-model.json')"
                            " || window.location.search.includes('config=upload:my-model.json')", timeout=15_000)
-    assert "inside layers.2" in page.locator(".js-plotly-plot").first.inner_text()
+    assert "inside layers.2" in page.locator(".v41-root").first.inner_text()
     page.close()
 
 

@@ -29,17 +29,19 @@ def test_context_is_shown_for_every_preset(server, browser, screenshots):
 
 def test_rejected_upload_error_goes_away(server, browser, screenshots, tmp_path):
     # Defect 9: the "Upload rejected" error stayed in the sidebar after picking another config and on other pages.
+    # The error is shown in the main area (issue 16) and nowhere on the page once it no longer applies.
     base, _ = server
     page = open_architecture(browser, base + "/architecture?config=tiny-v4")
     sidebar = page.locator("[data-testid='stSidebar']")
+    main = page.locator("[data-testid='stMain']")
     bad = tmp_path / "config.json"
     bad.write_text('{"dim": 64')
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad))
-    sidebar.get_by_text("Upload rejected").wait_for(timeout=WAIT_RERUN)
+    main.get_by_text("Upload rejected").wait_for(timeout=WAIT_RERUN)
     # another page: the error belongs to the upload made on the Architecture page
     sidebar.get_by_role("link", name="compare").click()
     page.get_by_text("sizes and mechanisms differ").wait_for(timeout=WAIT_PAGE)
-    assert "Upload rejected" not in sidebar.inner_text()
+    assert "Upload rejected" not in page.locator("body").inner_text()
     page.screenshot(path=str(screenshots / "upload_error_other_page.png"))
     # back, reject again, then pick another config: the error goes with the choice
     sidebar.get_by_role("link", name="architecture").click()
@@ -47,11 +49,11 @@ def test_rejected_upload_error_goes_away(server, browser, screenshots, tmp_path)
     bad2 = tmp_path / "second.json"
     bad2.write_text('{"dim": 32')
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(bad2))
-    sidebar.get_by_text("Upload rejected").wait_for(timeout=WAIT_RERUN)
+    main.get_by_text("Upload rejected").wait_for(timeout=WAIT_RERUN)
     sidebar.locator("[data-testid='stSelectbox']").first.click()
     page.get_by_role("option", name="tiny-v4.1", exact=True).click()
     page.get_by_role("heading", name="tiny-v4.1").wait_for(timeout=WAIT_RERUN)
-    sidebar.get_by_text("Upload rejected").wait_for(state="detached", timeout=WAIT_RERUN)
+    page.get_by_text("Upload rejected").wait_for(state="detached", timeout=WAIT_RERUN)
     page.close()
 
 
@@ -93,23 +95,22 @@ def test_no_developer_deploy_button(server, browser):
     page.close()
 
 
-# Every box's text (title + subtitle annotation) must lie inside the smallest drawn rectangle under its centre.
+# Every text line of every box lies inside the box's card (badges sit beside it); also the smallest rendered
+# font, in screen pixels.
 OVERFLOW_JS = """() => {
-  const gd = document.querySelector('.js-plotly-plot');
-  const L = gd._fullLayout, xa = L.xaxis, ya = L.yaxis;
-  const rects = L.shapes.filter(s => s.type === 'rect');
+  const svg = document.querySelector('.v41-diagram');
   const out = [];
-  gd.querySelectorAll('g.annotation').forEach(el => {
-    const a = L.annotations[+el.getAttribute('data-index')];
-    if (!a || a.showarrow || !String(a.text).includes('<br>')) return;
-    const under = rects.filter(r => Math.min(r.x0, r.x1) < a.x && a.x < Math.max(r.x0, r.x1)
-                                   && Math.min(r.y0, r.y1) < a.y && a.y < Math.max(r.y0, r.y1));
-    if (!under.length) return;
-    const w = Math.min(...under.map(r => Math.abs(r.x1 - r.x0))) * xa._m;
-    const text = el.querySelector('text').getBBox().width;
-    if (text > w + 1) out.push(a.text.replace(/<[^>]+>/g, ' ') + ' : ' + Math.round(text) + ' px > ' + Math.round(w));
+  let smallest = Infinity;
+  svg.querySelectorAll('.v41-box').forEach(g => {
+    const c = g.querySelector('.v41-card').getBBox();
+    g.querySelectorAll('text:not(.v41-badge)').forEach(t => {
+      const b = t.getBBox(), mid = b.y + b.height / 2;
+      smallest = Math.min(smallest, parseFloat(t.getAttribute('font-size')) * svg.getScreenCTM().a);
+      if (b.x < c.x - 0.5 || b.x + b.width > c.x + c.width + 0.5 || mid < c.y || mid > c.y + c.height)
+        out.push(t.textContent + ' : ' + Math.round(b.width) + ' px in a ' + Math.round(c.width) + ' px box');
+    });
   });
-  return out;
+  return {overflow: out, smallest_font_px: smallest};
 }"""
 
 
@@ -121,9 +122,10 @@ def test_expanded_group_details_and_box_text_fit_at_1280(server, browser, screen
     caption = page.locator(".st-key-details_panel [data-testid='stCaptionContainer']").first
     caption.get_by_text("Drawn folded with layers 21–23", exact=False).wait_for(timeout=WAIT_RERUN)
     assert "YaRN." in caption.inner_text() and "YaRN Drawn" not in caption.inner_text()
-    overflow = page.evaluate(OVERFLOW_JS)
-    page.locator("[data-testid='stPlotlyChart']").first.screenshot(path=str(screenshots / "architecture_1280.png"))
-    assert not overflow, overflow
+    fit = page.evaluate(OVERFLOW_JS)
+    page.locator(".v41-root").first.screenshot(path=str(screenshots / "architecture_1280.png"))
+    assert not fit["overflow"], fit
+    assert fit["smallest_font_px"] >= 6, fit      # the drawing scales with the page: still legible at 1280 px
     groups = page.locator("[data-testid='stMultiSelect'] input").first
     groups.click()
     groups.fill("layers 21")
@@ -132,7 +134,7 @@ def test_expanded_group_details_and_box_text_fit_at_1280(server, browser, screen
     page.wait_for_function("() => window.location.search.includes('expand=layers.21-23')", timeout=WAIT_RERUN)
     caption.get_by_text("Drawn folded", exact=False).wait_for(state="detached", timeout=WAIT_RERUN)
     assert "layer by layer" in caption.inner_text()
-    assert not page.evaluate(OVERFLOW_JS)
+    assert not page.evaluate(OVERFLOW_JS)["overflow"]
     page.close()
 
 

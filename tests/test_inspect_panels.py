@@ -7,11 +7,15 @@ import threading
 import numpy as np
 import pytest
 
-from engine.trace import TraceFormatError
+from engine.trace import Trace, TraceFormatError
 from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
+from v41viz.inspect.equivalent import missing_reason, nearest_equivalent
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
-from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
+from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace, prompt_problem, status_sentence
+from v41viz.inspect.tokens import alternatives, token_table, visible
+from v41viz.inspect.trace_model import shown_text, text_lookup, trace_model
+from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id
 from v41viz.ui import engine_session
 
 PROMPT = "The quick brown fox"
@@ -270,3 +274,177 @@ def test_a_checkpoint_directory_becomes_the_default_model(slot, tmp_path):
     floats = [k for k, v in theirs.items() if v.is_floating_point() and v.numel()]
     assert all(torch.equal(mine[k], theirs[k]) for k in floats)
     assert not all(torch.equal(mine[k], random0[k]) for k in floats)
+
+
+def test_prompt_tokens_carry_their_teacher_forced_probability(slot, plain):
+    """Every prompt token after BOS has the probability the model gave it (from the prompt's logits), and that
+    agrees with the probability the same token gets when the model generates it."""
+    prompt = [t for t in plain.trace.tokens(0) if not t.generated]
+    assert np.isnan(prompt[0].logprob) and all(np.isfinite(t.logprob) and t.logprob <= 0 for t in prompt[1:])
+    first = next(t for t in plain.trace.tokens(0) if t.generated)
+    ids = [t.token_id for t in prompt] + [first.token_id]        # the first generated token, now part of the prompt
+    forced = Trace()
+    slot.engine.generate([ids], max_new_tokens=1, trace=forced)
+    again = next(t for t in forced.tokens(0) if t.pos == first.pos)
+    assert not again.generated and again.logprob == pytest.approx(first.logprob, abs=1e-4)
+    table = token_table(plain.trace, 0, lambda i: slot.engine.tokenizer.token_text(i))
+    assert table["p under the model"].iloc[0].startswith("– (first token")
+    assert all(float(p) > 0 for p in table["p under the model"].iloc[1:])
+    assert table["top-k alternatives: 'text' p (#id)"].iloc[3].count("(#") == 5 and "'" in table.iloc[3, 5]
+
+
+def test_a_trace_without_probabilities_still_loads():
+    """Traces written before prompt probabilities were recorded (no logprob column) load, reading NaN."""
+    from engine.trace import Trace
+    trace = Trace()
+    trace.record_prompt(0, [1, 2], ["a", "b"])
+    tables, header = trace.to_tables()
+    del tables["tokens"]["logprob"], header["schema"]["tokens"]["logprob"]
+    loaded = Trace.from_tables(tables, header)
+    assert [np.isnan(t.logprob) for t in loaded.tokens(0)] == [True, True]
+
+
+def test_visible_text_and_alternatives():
+    assert visible(" a\n\tb\u200b") == "·a⏎⇥b\\u200b" and visible("") == "∅"
+    from engine.trace import TokenRecord
+    t = TokenRecord(0, 3, 7, " x", True, top_ids=np.array([7, 9]), top_probs=np.array([0.6, 0.3], np.float32))
+    assert alternatives(t, {7: " x", 9: "\n"}.get) == "✓ '·x' 0.600 (#7) · '⏎' 0.300 (#9)"
+    assert alternatives(t, lambda i: None) == "✓ (text unknown) 0.600 (#7) · (text unknown) 0.300 (#9)"
+
+
+def test_status_sentences():
+    run = LiveRun(new_trace(GenSettings("x"), "m", ""), "m", status="done", finish="length", n_tokens=24)
+    assert status_sentence(run) == "stopped at max new tokens (24 tokens)"
+    run.finish = "stop"
+    assert status_sentence(run) == "reached end of text after 24 tokens"
+    run.status, run.stopped_by, run.n_tokens = "stopped", "you", 38
+    assert status_sentence(run) == "stopped by you after 38 tokens"
+    run.status, run.phase, run.profiled = "running", "profiling", (3, 18)
+    assert status_sentence(run) == "profiling this machine for the auto schedule (3/18 shapes)"
+
+
+def test_a_background_run_finishes_and_stops_on_request(slot, plain):
+    """The page's generation runs in its own thread: it finishes by itself (same text as in the foreground), and
+    Stop ends it within a step, keeping what it made."""
+    from v41viz.inspect import background
+    settings = GenSettings(PROMPT, max_new_tokens=8, attention=True)
+    run = LiveRun(new_trace(settings, "tiny-v4.1", "", slot.args), "tiny-v4.1", prompt=PROMPT)
+    background.start(slot, settings, run).join(60)
+    assert (run.status, run.text, run.trace.meta["finish"]) == ("done", plain.text, "length")
+    assert run.trace.meta["n_routed_experts"] == slot.args.n_routed_experts and run.trace.meta["token_texts"]
+    long = GenSettings(PROMPT, max_new_tokens=400)
+    run = LiveRun(new_trace(long, "tiny-v4.1", ""), "tiny-v4.1", prompt=PROMPT)
+    background.start(slot, long, run)
+    while run.n_tokens < 3:
+        threading.Event().wait(0.02)
+    background.stop(run)
+    assert not run.active and run.status == "stopped" and status_sentence(run).startswith("stopped by you after")
+    assert 3 <= run.n_tokens < 400 and sum(t.generated for t in run.trace.tokens(0)) == run.n_tokens
+    assert run.trace.meta["finish"] == "stopped" and not slot.busy
+
+
+def test_prompt_problems_are_sentences():
+    with pytest.raises(ValueError, match=r"character 3 is a lone UTF-16 surrogate \(U\+D800\)"):
+        GenSettings("ab\ud800cd").check()
+    assert prompt_problem("fine") == ""
+
+
+def test_a_trace_with_invalid_text_is_refused_by_name(spec):
+    """JSON escapes can carry a lone surrogate into a trace's prompt or token text; Streamlit cannot send such a
+    string to the browser, so the upload is refused with the place named."""
+    import json
+    body = json.loads(trace_bytes(spec.trace, "json"))
+    body["header"]["meta"]["prompt"] = "ROMEO\ud800:"
+    with pytest.raises(TraceFormatError, match=r"t.json: meta 'prompt' is not valid text: character 6 is a lone "
+                                               r"UTF-16 surrogate \(U\+D800\)"):
+        trace_from_upload("t.json", json.dumps(body).encode())
+    body = json.loads(trace_bytes(spec.trace, "json"))
+    body["tables"]["tokens"]["text"][2] = "\udfff"
+    with pytest.raises(TraceFormatError, match=r"the text of token 2 \(row 0\) is not valid text"):
+        trace_from_upload("t.json", json.dumps(body).encode())
+
+
+def test_links_parse_strictly_and_round_trip():
+    link, notes = parse_link({"token": "²", "panel": "Nope", "layer": "zzz", "seam": "up", "temperature": "1e9",
+                              "seed": "-1", "max_new": "9999", "dspark": "maybe", "node": "layers.1.engram<x>",
+                              "top_p": "0.001", "schedule": "fast", "pid": "xyz"})
+    assert link == InspectLink() and len(notes) == 12
+    assert all("was ignored" in n for n in notes) and any("`token=²`" in n for n in notes)
+    for token in ("-1", "1e9", "٣", " 3", "3.0", "99999999999"):
+        assert parse_link({"token": token})[0].token is None, token
+    settings = {"prompt": "Now is\nthe winter ", "max_new_tokens": 12, "temperature": 0.7, "top_p": 0.95, "top_k": 40,
+                "seed": 5, "dspark": True, "schedule": "threshold", "threshold": 0.35, "attention": False}
+    view = {"panel": "mHC", "node": "layers.3.hc_ffn", "layer": "layers.3", "seam": "ffn", "token": 6}
+    query = link_params("checkpoint:default", settings, view)
+    back, notes = parse_link(query)
+    assert notes == [] and back.model == "checkpoint:default" and back.prompt == settings["prompt"]
+    assert back.settings == {k: v for k, v in settings.items() if k != "prompt"}
+    assert (back.panel, back.node, back.layer, back.seam, back.token) == ("mHC", "layers.3.hc_ffn", "layers.3", "ffn", 6)
+    long = link_params("m", {"prompt": "x" * 2000}, {})
+    assert "prompt" not in long and long["pid"] == prompt_id("x" * 2000) and parse_link(long)[0].prompt_id
+
+
+def test_the_nearest_layer_of_the_same_kind():
+    from engine.spec.config import load_config
+    from engine.spec.presets import list_presets
+    flash = load_config(list_presets()["deepseek-v4.1-flash"])
+    small = engine_session.model_choices()["tiny-v4.1"]
+    run = load_config(small.config)
+    assert missing_reason("layers.14.engram", run, "tiny") == "the model to run (tiny, 10 layers) has no layer 14"
+    assert missing_reason("layers.3.engram", run, "tiny") == "layer 3 of the model to run (tiny) has no Engram module"
+    assert missing_reason("layers.4.engram", run, "tiny") is None and missing_reason("embed", run, "tiny") is None
+    assert nearest_equivalent("layers.14.engram", run, flash) == "layers.4.engram"   # the 2nd of 2 Engram layers
+    assert nearest_equivalent("layers.1.engram", run, flash) == "layers.1.engram"
+    assert nearest_equivalent("layers.3.engram", run) == "layers.4.engram"           # by layer number, no diagram
+    assert nearest_equivalent("layers.39.attn.indexer", run, flash) == "layers.9.attn.indexer"
+    assert nearest_equivalent("mtp.5", run) == f"mtp.{run.n_draft_stages - 1}"
+
+
+def test_panels_draw_another_models_trace_from_the_trace_alone(spec):
+    """A trace replayed without its model: sizes come from the trace (meta, else the records), token texts from
+    the trace (else #id), and every builder draws."""
+    trace = Trace.from_tables(*spec.trace.to_tables())
+    trace.meta = {"config": "someone-else"}
+    facts = trace_model(trace)
+    assert facts.n_routed_experts >= int(max(v[0].max() for *_, v in trace.facts("moe"))) + 1
+    assert facts.n_activated_experts == 2 and facts.engram_max_ngram_size == 0
+    heat = experts_panel.choice_heatmap(trace)
+    assert heat.data[0].zmax == facts.n_routed_experts - 0.5
+    load = experts_panel.load_figure(trace)
+    assert load.data[0].zmin == 0 and load.data[0].zmax >= 2
+    path = engram_panel.engram_paths(trace)[0]
+    pos = next(p for _, _, _, p, _ in trace.facts("engram"))
+    assert list(engram_panel.rows_table(trace, facts, path, 0, pos).index) == ["rows"]
+    lookup = text_lookup(trace)
+    step = trace.dspark_steps[0]
+    assert lookup(step.anchor_token) is not None and lookup(10**8) is None
+    html_page = dspark_panel.steps_html(trace, shown_text(lookup))
+    assert html_page.count("<div><b>step") == len(trace.dspark_steps)
+    assert experts_panel.touched_figure(trace).data[0].name.startswith(f"closed form: E={facts.n_routed_experts}")
+
+
+def test_charts_keep_ratios_non_negative_and_ids_categorical(plain):
+    load = experts_panel.load_figure(plain.trace, 8).data[0]
+    assert load.zmin == 0 and load.colorscale[0][0] == 0 and load.colorscale[-1][0] == 1
+    white = [x for x, c in load.colorscale if c == "#f7f7f7"][0]
+    assert white == pytest.approx(1.0 / load.zmax)                   # white sits at ratio 1 (balanced)
+    scale = experts_panel.choice_heatmap(plain.trace, n_experts=8).data[0].colorscale
+    colours = [c for _, c in scale]
+    assert colours[0::2] == colours[1::2] and len(set(colours)) == 8
+    fig = mhc_panel.residual_figure(plain.trace)
+    assert fig.layout.xaxis.tickangle == -90 and len(fig.layout.xaxis.tickvals) <= 10
+
+
+def test_prompt_probabilities_do_not_depend_on_the_chunking(slot, monkeypatch):
+    """A long prompt is scored in chunks that bound the logits held at once; the chunks give the same
+    probabilities as one pass (chunked prefill equals one-shot prefill)."""
+    from engine.generation import results
+    ids = slot.engine.encode("It was the best of times, it was the worst of times, it was the age of wisdom")
+
+    def probabilities(values: int) -> list[float]:
+        monkeypatch.setattr(results, "PROMPT_LOGITS_VALUES", values)
+        trace = Trace()
+        slot.engine.generate([ids], max_new_tokens=1, trace=trace)
+        return [t.logprob for t in trace.tokens(0) if not t.generated][1:]
+    whole, chunked = probabilities(2**30), probabilities(3 * slot.args.vocab_size)   # 3 positions per chunk
+    assert len(whole) == len(ids) - 1 and np.allclose(whole, chunked, atol=1e-4)

@@ -69,6 +69,11 @@ def test_remote_engine_gives_what_the_engine_gives():
     assert got.result.tokens == want.result.tokens and got.result.finish_reasons == want.result.finish_reasons
     assert [s.accepted for s in got.result.steps] == [s.accepted for s in want.result.steps]
     assert_traces_match(want_trace, got_trace, 0.0)
+    from v41viz.ui.engine_session import load_slot
+    app_choice = attach_app(f"127.0.0.1:{port}")
+    slot = load_slot(app_choice)
+    assert slot.engine.args == engine.args and slot.engine.model is None
+    assert slot.engine.generate_text("hi", max_new_tokens=4).texts == engine.generate_text("hi", max_new_tokens=4).texts
     with pytest.raises(InputError, match="max_new_tokens"):
         remote.generate([[0, 5]], max_new_tokens=-1)
     with pytest.raises(InputError, match="'auto' profiles one process"):
@@ -76,6 +81,18 @@ def test_remote_engine_gives_what_the_engine_gives():
     remote.shutdown()
     service.join(10)
     assert not service.is_alive()
+
+
+def attach_app(address: str):
+    """The Inspect page's model choice for V41VIZ_ENGINE=address (the app's way to attach to a service)."""
+    from unittest import mock
+
+    from v41viz.ui.engine_session import SERVICE_ENV, model_choices
+    with mock.patch.dict("os.environ", {SERVICE_ENV: address}):
+        choices = model_choices()
+    service = [c for c in choices.values() if c.service]
+    assert [c.service for c in service] == [address] and next(iter(choices.values())) is service[0]
+    return service[0]
 
 
 def test_remote_engine_names_a_missing_service():

@@ -1,14 +1,24 @@
-"""Fit a box's title and subtitle inside the box at the narrowest supported page width (wrap, then shrink)."""
+"""Fit a box's title and subtitle inside the box (wrap, then shrink), in the diagram's design pixels."""
 from __future__ import annotations
 
-# The diagram stretches to its column; at a 1280 px wide window one diagram unit is ~28 px wide (measured), its
-# narrowest supported width. Vertically a unit is UNIT_PX (the figure's height is set from it).
-MIN_PX_PER_UNIT = 27.5
-PAD_PX = 4.0
-LINE_HEIGHT = 1.3            # plotly's line spacing, in ems
+from dataclasses import dataclass
+
+# The diagram is drawn in design pixels and scaled uniformly by the browser, so text that fits at the design
+# size fits at every page width. One diagram unit is PX_X design pixels wide and PX_Y tall.
+PX_X, PX_Y = 38.0, 50.0
+PAD_PX = 6.0
+LINE_HEIGHT = 1.15           # line pitch, in ems of the line's own font
 EM_PER_CHAR = {True: 0.5, False: 0.46}  # bold / regular, mean advance per character (measured ~0.40–0.48)
 # (title, subtitle) scale factors tried in turn: the subtitle gives way first
 FONT_STEPS = ((1.0, 1.0), (1.0, 0.9), (1.0, 0.84), (0.92, 0.84), (0.85, 0.78), (0.78, 0.72), (0.72, 0.66))
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    size: float      # font size in design pixels
+    bold: bool
+    muted: bool      # a subtitle line (grey)
 
 
 def text_px(text: str, size: float, bold: bool) -> float:
@@ -27,24 +37,20 @@ def wrap(text: str, size: float, bold: bool, width_px: float) -> list[str]:
     return [line.replace("\u00a0", " ").rstrip(" ·") for line in lines]
 
 
-def fit_box_text(title: str, subtitle: str, w_units: float, h_px: float, title_size: float,
-                 subtitle_size: float, bold: bool) -> tuple[str, float]:
-    """The annotation HTML and its base font size (plotly spaces every line by it: the title's): both texts wrapped
-    to the box width, fonts shrunk until the lines fit its height."""
-    width = w_units * MIN_PX_PER_UNIT - PAD_PX
+def lines_height(lines: list[Line]) -> float:
+    return sum(LINE_HEIGHT * line.size for line in lines)
+
+
+def fit_box_text(title: str, subtitle: str, w_units: float, h_units: float, title_size: float,
+                 subtitle_size: float, bold: bool) -> list[Line]:
+    """The box's text lines, both texts wrapped to the box width, fonts shrunk until the lines fit its height."""
+    width, height = w_units * PX_X - PAD_PX, h_units * PX_Y - 2
     for title_scale, subtitle_scale in FONT_STEPS:
         ts, ss = title_size * title_scale, subtitle_size * subtitle_scale
-        tl = wrap(title, ts, bold, width)
-        sl = wrap(subtitle, ss, False, width) if subtitle else []
-        tall = LINE_HEIGHT * ts * (len(tl) + len(sl) - 1) + ts  # first baseline to last, plus a line of ink
-        wide = max(text_px(t, ts, bold) for t in tl)
+        lines = [Line(t, ts, bold, False) for t in wrap(title, ts, bold, width)]
         if subtitle:
-            wide = max(wide, max(text_px(s, ss, False) for s in sl))
-        if tall <= h_px - 2 and wide <= width:
+            lines += [Line(s, ss, False, True) for s in wrap(subtitle, ss, False, width)]
+        wide = max(text_px(line.text, line.size, line.bold) for line in lines)
+        if lines_height(lines) <= height and wide <= width:
             break
-    head = "<br>".join(f"<b>{t}</b>" if bold else t for t in tl)
-    title_html = f"<span style='font-size:{ts:.1f}px'>{head}</span>"
-    if not sl:
-        return title_html, ts
-    return title_html + "<br>" + "<br>".join(
-        f"<span style='font-size:{ss:.1f}px;color:#4b5563'>{s}</span>" for s in sl), ts
+    return lines

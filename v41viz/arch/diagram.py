@@ -1,9 +1,12 @@
-"""Draw a Layout as a plotly figure: coloured boxes, flow arrows, residual and auxiliary paths, hover text."""
+"""Draw a Layout as SVG with an HTML legend: coloured boxes, flow arrows, residual and auxiliary paths, hover text.
+
+Each box is a group carrying its graph node (data-node) and hover text (data-tip), which the page's diagram
+component turns into selections and tooltips. Every text is escaped: labels can come from an uploaded config."""
 from __future__ import annotations
 
-import plotly.graph_objects as go
+from html import escape
 
-from .box_text import fit_box_text
+from .box_text import LINE_HEIGHT, PX_X, PX_Y, Line, fit_box_text, lines_height, text_px
 from .layout import Box, Layout
 
 KIND_STYLE = {  # legend name, fill, border
@@ -13,79 +16,110 @@ KIND_STYLE = {  # legend name, fill, border
     "embedding": ("embedding / head", "#ecdff3", "#8a4fa8"),
     "auxiliary": ("auxiliary (Engram, DSpark, MTP)", "#d8f0e6", "#2f8a62"),
 }
-EDGE_STYLE = {  # legend name, colour, dash, width
-    "flow": ("data flow", "#4b5563", "solid", 1.4),
-    "residual": ("residual (mHC streams)", "#9ca3af", "dash", 1.4),
-    "aux": ("auxiliary attachment", "#2f8a62", "dot", 1.4),
-    "tap": ("DSpark tap", "#d97706", "dot", 1.8),
+EDGE_STYLE = {  # legend name, colour, dash pattern ("" = solid), width
+    "flow": ("data flow", "#4b5563", "", 1.4),
+    "residual": ("residual (mHC streams)", "#9ca3af", "5 3", 1.4),
+    "aux": ("auxiliary attachment", "#2f8a62", "1.5 2.5", 1.4),
+    "tap": ("DSpark tap", "#d97706", "1.5 2.5", 1.8),
 }
-SELECTED = "#dc2626"
-UNIT_PX = 46  # pixels per diagram unit, vertically
+ARROWED = ("flow", "tap")
+MARGIN = 0.3            # diagram units around the drawing
+STACK_OFFSETS = ((0.16, 0.08), (0.08, 0.04))   # the cards behind a folded group: right and up, in units
+BADGE_GAP, BADGE_SIZE = 0.24, 11.0
 
 
-def build_figure(lay: Layout, selected: str = "", hover: dict[str, str] | None = None) -> go.Figure:
-    """hover: node id → extra hover text (summary, sizes)."""
+class Canvas:
+    """Diagram units → design pixels (y grows downwards in both)."""
+
+    def __init__(self, lay: Layout):
+        boxes = list(lay.boxes.values())
+        lefts = [b.x - b.w / 2 for b in boxes]
+        rights = [b.x + b.w / 2 + (0.2 if b.stacked else 0) for b in boxes]
+        rights += [b.x + b.w / 2 + BADGE_GAP + (text_px(b.badge, BADGE_SIZE, True) + 8) / PX_X
+                   for b in boxes if b.badge]
+        tops = [b.y - b.h / 2 - (0.1 if b.stacked else 0) for b in boxes]
+        bottoms = [b.y + b.h / 2 for b in boxes]
+        x0, y0, x1, y1 = lay.detail_frame
+        if x1 > x0:
+            lefts, rights, tops, bottoms = lefts + [x0], rights + [x1], tops + [y0], bottoms + [y1]
+        lefts.append(min(lefts) - 0.25)   # room for the residual bracket left of the detail column
+        self.x_min, self.y_min = min(lefts) - MARGIN, min(tops) - MARGIN
+        self.width = round((max(rights) + MARGIN - self.x_min) * PX_X)
+        self.height = round((max(bottoms) + MARGIN - self.y_min) * PX_Y)
+
+    def x(self, units: float) -> float:
+        return round((units - self.x_min) * PX_X, 1)
+
+    def y(self, units: float) -> float:
+        return round((units - self.y_min) * PX_Y, 1)
+
+
+def diagram_html(lay: Layout, selected: str = "", hover: dict[str, str] | None = None) -> str:
+    """The legend and the SVG drawing; hover: node id → its hover text (summary, sizes), lines split by newlines."""
     hover = hover or {}
-    fig = go.Figure()
-    shapes, notes = [], []
+    c = Canvas(lay)
+    parts = [_markers()]
     x0, y0, x1, y1 = lay.detail_frame
     if x1 > x0:
-        shapes.append(dict(type="rect", x0=x0, y0=-y0, x1=x1, y1=-y1, line=dict(color="#cbd5e1", width=1, dash="dot"),
-                           fillcolor="rgba(248,250,252,0.6)", layer="below"))
-        notes.append(dict(x=x0 + 0.1, y=-y0 - 0.05, text=f"<b>{lay.detail_title}</b>", showarrow=False,
-                          xanchor="left", yanchor="top", font=dict(size=12, color="#475569")))
+        parts.append(_rect(c, x0, y0, x1, y1, "rgba(248,250,252,0.6)", "#cbd5e1", 1, dash="1.5 2.5"))
         focus = lay.boxes.get(lay.focus_key)
         if focus:  # zoom lines from the focused stack box to the detail frame
-            for fy in (y0, y1):
-                shapes.append(dict(type="line", x0=focus.x + focus.w / 2, y0=-focus.y, x1=x0, y1=-fy,
-                                   line=dict(color="#cbd5e1", width=1, dash="dot"), layer="below"))
-    for e in lay.edges:
-        shapes_e, notes_e = _edge(lay.boxes[e.a], lay.boxes[e.b], e.kind, e.label)
-        shapes += shapes_e
-        notes += notes_e
-    for b in lay.boxes.values():
-        _, fill, border = KIND_STYLE[b.kind]
-        if b.stacked:
-            for off in (0.16, 0.08):
-                shapes.append(_rect(b, fill, border, dx=off, dy=off, width=1))
-        sel = b.node == selected
-        shapes.append(_rect(b, fill, SELECTED if sel else border, width=3 if sel else 1.3))
-        text, size = fit_box_text(b.title, b.subtitle, b.w, b.h * UNIT_PX, 10 if b.dim else 11, 9.5, not b.dim)
-        notes.append(dict(x=b.x, y=-b.y, text=text, showarrow=False, font=dict(size=size, color="#111827")))
-        if b.badge:
-            # just right of the card pile, so it covers no text of this row or the next
-            notes.append(dict(x=b.x + b.w / 2 + 0.24, y=-b.y, text=f"<b>{b.badge}</b>", showarrow=False,
-                              xanchor="left", yanchor="middle", bgcolor="#374151", font=dict(size=11, color="white"),
-                              borderpad=2))
-    _click_targets(fig, lay, hover)
-    _legend(fig)
-    xs = [b.x - b.w / 2 for b in lay.boxes.values()] + [b.x + b.w / 2 for b in lay.boxes.values()]
-    fig.update_layout(
-        shapes=shapes, annotations=notes, height=int(max(lay.height + 1.0, 8) * UNIT_PX),
-        margin=dict(l=8, r=8, t=8, b=8), plot_bgcolor="white", paper_bgcolor="white",
-        xaxis=dict(visible=False, range=[min(xs) - 0.3, max(xs) + 0.3], fixedrange=True),
-        yaxis=dict(visible=False, range=[-(lay.height + 0.2), 0.8], fixedrange=True),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, font=dict(size=11)),
-        hoverlabel=dict(bgcolor="white", font=dict(size=12)), dragmode=False, clickmode="event+select",
-    )
-    return fig
+            parts += [_line(c, [(focus.x + focus.w / 2, focus.y), (x0, fy)], "#cbd5e1", 1, "1.5 2.5")
+                      for fy in (y0, y1)]
+        parts.append(f'<text class="v41-frame-title" x="{c.x(x0 + 0.1)}" y="{c.y(y0 + 0.08)}" '
+                     f'dominant-baseline="hanging" font-size="12" font-weight="bold" fill="#475569">'
+                     f'{escape(lay.detail_title)}</text>')
+    parts += [_edge(c, lay.boxes[e.a], lay.boxes[e.b], e.kind) for e in lay.edges]
+    parts += [_box(c, b, b.node == selected, hover.get(b.node, b.subtitle)) for b in lay.boxes.values()]
+    svg = (f'<svg class="v41-diagram" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {c.width} {c.height}" '
+           f'width="{c.width}" height="{c.height}" style="max-width:{round(c.width * 1.25)}px" role="group" '
+           f'aria-label="architecture diagram">{"".join(parts)}</svg>')
+    return legend_html() + svg
 
 
-def _rect(b: Box, fill: str, border: str, dx: float = 0.0, dy: float = 0.0, width: float = 1.3) -> dict:
-    return dict(type="rect", x0=b.x - b.w / 2 + dx, x1=b.x + b.w / 2 + dx, y0=-(b.y - b.h / 2) + dy,
-                y1=-(b.y + b.h / 2) + dy, fillcolor=fill, line=dict(color=border, width=width), layer="below")
+def legend_html() -> str:
+    items = []
+    for name, fill, border in KIND_STYLE.values():
+        swatch = f'<rect x="1" y="1" width="12" height="12" fill="{fill}" stroke="{border}" stroke-width="1.5"/>'
+        items.append((swatch, name))
+    for kind, (name, colour, dash, width) in EDGE_STYLE.items():
+        swatch = (f'<line x1="0" y1="7" x2="26" y2="7" stroke="{colour}" stroke-width="{width}"'
+                  + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+        items.append((swatch, name))
+    return '<div class="v41-legend">' + "".join(
+        f'<span><svg width="{26 if "line" in s else 14}" height="14">{s}</svg>{escape(n)}</span>' for s, n in items
+    ) + "</div>"
 
 
-def _edge(a: Box, b: Box, kind: str, label: str) -> tuple[list, list]:
+def _markers() -> str:
+    return "<defs>" + "".join(
+        f'<marker id="v41-arrow-{kind}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" '
+        f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{EDGE_STYLE[kind][1]}"/></marker>'
+        for kind in ARROWED) + "</defs>"
+
+
+def _rect(c: Canvas, x0: float, y0: float, x1: float, y1: float, fill: str, stroke: str, width: float,
+          dash: str = "", cls: str = "") -> str:
+    cls_attr = f' class="{cls}"' if cls else ""
+    return (f'<rect{cls_attr} x="{c.x(x0)}" y="{c.y(y0)}" '
+            f'width="{round((x1 - x0) * PX_X, 1)}" height="{round((y1 - y0) * PX_Y, 1)}" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{width}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+
+
+def _line(c: Canvas, points: list[tuple[float, float]], colour: str, width: float, dash: str = "",
+          arrow: str = "") -> str:
+    pts = " ".join(f"{c.x(x)},{c.y(y)}" for x, y in points)
+    return (f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="{width}"'
+            + (f' stroke-dasharray="{dash}"' if dash else "")
+            + (f' marker-end="url(#v41-arrow-{arrow})"' if arrow else "") + "/>")
+
+
+def _edge(c: Canvas, a: Box, b: Box, kind: str) -> str:
     _, colour, dash, width = EDGE_STYLE[kind]
-    line = dict(color=colour, width=width, dash=dash)
     if kind == "residual":  # bracket on the left of the detail column, bypassing the sublayer
         xl = a.x - a.w / 2 - 0.25
-        pts = [(a.x - a.w / 2, a.y), (xl, a.y), (xl, b.y), (b.x - b.w / 2, b.y)]
-        shapes = [dict(type="line", x0=p[0], y0=-p[1], x1=q[0], y1=-q[1], line=line, layer="below")
-                  for p, q in zip(pts, pts[1:])]
-        return shapes, []
-    if abs(a.x - b.x) < 1e-6:  # vertical: bottom of a to top of b, with an arrow head
+        return _line(c, [(a.x - a.w / 2, a.y), (xl, a.y), (xl, b.y), (b.x - b.w / 2, b.y)], colour, width, dash)
+    if abs(a.x - b.x) < 1e-6:  # vertical: bottom of a to top of b
         start, end = (a.x, a.y + a.h / 2), (b.x, b.y - b.h / 2)
     elif a.x < b.x:
         start, end = (a.x + a.w / 2, a.y), (b.x - b.w / 2, b.y)
@@ -93,37 +127,40 @@ def _edge(a: Box, b: Box, kind: str, label: str) -> tuple[list, list]:
         start, end = (a.x - a.w / 2, a.y), (b.x + b.w / 2, b.y)
     if kind == "aux" and abs(a.y - b.y) > 2 and abs(a.x - b.x) > 1e-6:  # long link: route along the top
         start, end = (a.x - a.w / 2, a.y), (b.x, b.y - b.h / 2)
-    note = dict(x=end[0], y=-end[1], ax=start[0], ay=-start[1], xref="x", yref="y", axref="x", ayref="y",
-                showarrow=True, arrowhead=2 if kind in ("flow", "tap") else 0, arrowsize=1, arrowwidth=width,
-                arrowcolor=colour, text="", standoff=1)
-    shapes = [] if dash == "solid" else [dict(type="line", x0=start[0], y0=-start[1], x1=end[0], y1=-end[1],
-                                              line=line, layer="below")]
-    if dash != "solid":
-        note["arrowcolor"] = "rgba(0,0,0,0)" if kind == "aux" else colour
-        note["arrowwidth"] = width
-    return shapes, [note]
+    return _line(c, [start, end], colour, width, dash, kind if kind in ARROWED else "")
 
 
-def _click_targets(fig: go.Figure, lay: Layout, hover: dict[str, str]) -> None:
-    """Invisible markers spread over each box: hovering shows the summary, clicking selects the node."""
-    xs, ys, ids, texts = [], [], [], []
-    for b in lay.boxes.values():
-        n = max(2, int(b.w / 0.3))
-        for i in range(n):
-            xs.append(b.x - b.w / 2 + (i + 0.5) * b.w / n)
-            ys.append(-b.y)
-            ids.append(b.node)
-            texts.append(f"<b>{b.node}</b><br>{hover.get(b.node, b.subtitle)}")
-    fig.add_trace(go.Scatter(
-        x=xs, y=ys, mode="markers", customdata=ids, hovertext=texts, hoverinfo="text", showlegend=False,
-        marker=dict(size=22, symbol="square", color="rgba(0,0,0,0)"), name="modules",
-        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0))))
+def _box(c: Canvas, b: Box, selected: bool, hover: str) -> str:
+    _, fill, border = KIND_STYLE[b.kind]
+    left, top, right, bottom = b.x - b.w / 2, b.y - b.h / 2, b.x + b.w / 2, b.y + b.h / 2
+    cards = [_rect(c, left + dx, top - dy, right + dx, bottom - dy, fill, border, 1) for dx, dy in STACK_OFFSETS
+             ] if b.stacked else []
+    card = _rect(c, left, top, right, bottom, fill, border, 1.3, cls="v41-card")
+    lines = fit_box_text(b.title, b.subtitle, b.w, b.h, 10 if b.dim else 11, 9.5, not b.dim)
+    texts = _text_lines(c, b, lines)
+    badge = ""
+    if b.badge:  # just right of the card pile, so it covers no text of this row or the next
+        bx, w = c.x(right + BADGE_GAP), text_px(b.badge, BADGE_SIZE, True) + 8
+        badge = (f'<rect class="v41-badge" x="{bx}" y="{round(c.y(b.y) - 9, 1)}" width="{round(w, 1)}" height="18" '
+                 f'rx="2" fill="#374151"/><text class="v41-badge" x="{round(bx + w / 2, 1)}" y="{c.y(b.y)}" '
+                 f'text-anchor="middle" '
+                 f'dominant-baseline="central" font-size="{BADGE_SIZE}" font-weight="bold" fill="white">'
+                 f'{escape(b.badge)}</text>')
+    tip = escape(f"{b.node}\n{hover}", quote=True).replace("\n", "&#10;")   # line breaks survive in an attribute
+    label = escape(f"{b.node}: {b.title}", quote=True)
+    return (f'<g class="v41-box{" v41-selected" if selected else ""}" data-node="{escape(b.node, quote=True)}" '
+            f'data-tip="{tip}" tabindex="0" role="button" aria-label="{label}">'
+            + "".join(cards) + card + texts + badge + "</g>")
 
 
-def _legend(fig: go.Figure) -> None:
-    for name, fill, border in KIND_STYLE.values():
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(size=13, symbol="square", color=fill, line=dict(color=border, width=1.5))))
-    for name, colour, dash, width in EDGE_STYLE.values():
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, hoverinfo="skip",
-                                 line=dict(color=colour, dash=dash, width=width)))
+def _text_lines(c: Canvas, b: Box, lines: list[Line]) -> str:
+    y = c.y(b.y) - lines_height(lines) / 2
+    out = []
+    for line in lines:
+        pitch = line.size * LINE_HEIGHT
+        out.append(f'<text x="{c.x(b.x)}" y="{round(y + pitch / 2, 1)}" text-anchor="middle" '
+                   f'dominant-baseline="central" font-size="{line.size:.1f}"'
+                   + (' font-weight="bold"' if line.bold else "")
+                   + f' fill="{"#4b5563" if line.muted else "#111827"}">{escape(line.text)}</text>')
+        y += pitch
+    return "".join(out)

@@ -33,7 +33,7 @@ class ModelView:
     def hover_text(self, node: str, summary: str) -> str:
         d = self.graph.nodes[node]
         sizes = f"{human(d.get('params'))} params · {human(d.get('bytes'), 'B')}" if d.get("params") else ""
-        return "<br>".join(x for x in (d["label"], summary, sizes) if x)
+        return "\n".join(x for x in (d["label"], summary, sizes) if x)
 
     def default_focus(self) -> int:
         """The first layer that publishes compressed KV shows the most machinery; else layer 0."""

@@ -1,8 +1,10 @@
 """The memory plan as tables and a per-device figure (engine.spec.memory_plan), without Streamlit."""
 from __future__ import annotations
 
+import math
+from html import escape
+
 import pandas as pd
-import plotly.graph_objects as go
 
 from engine.spec.accounting import GIB
 from engine.spec.memory_plan import MemoryPlan
@@ -39,18 +41,60 @@ def device_table(plan: MemoryPlan) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def device_figure(plan: MemoryPlan) -> go.Figure:
-    """Stacked GiB per GPU by segment, with the GPU's memory as a dashed line."""
+def device_bars_svg(plan: MemoryPlan, width: int = 720) -> str:
+    """Stacked GiB per GPU by segment as an SVG, with the GPU's memory as a dashed line; GPUs that hold the same
+    bytes share a bar ('GPU 1–7'). Plain SVG: the page draws it without a chart library."""
     parts = {p.key: p for p in (*plan.weights, *plan.runtime)}
-    names = [v.device for v in plan.gpus]
-    fig = go.Figure()
-    for label, keys, colour in SEGMENTS:
-        gib = [sum(parts[k].gpu[r] for k in keys if k in parts) / GIB for r in range(len(names))]
-        fig.add_bar(y=names, x=gib, name=label, orientation="h", marker_color=colour,
-                    hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>")
-    fig.add_vline(x=plan.hardware.gpu_mem_gib, line_dash="dash", line_color="#b91c1c",
-                  annotation_text=f"{plan.hardware.gpu_mem_gib:g} GiB", annotation_position="top")
-    fig.update_layout(barmode="stack", height=120 + 22 * min(len(names), 32),
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_title="GiB",
-                      yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": 1.15, "traceorder": "normal"})
-    return fig
+    loads = [tuple(sum(parts[k].gpu[r] for k in keys if k in parts) for _, keys, _ in SEGMENTS)
+             for r in range(plan.hardware.gpus)]
+    bars: list[tuple[str, tuple[int, ...]]] = []
+    first = 0
+    for r in range(1, len(loads) + 1):
+        if r == len(loads) or loads[r] != loads[first]:
+            bars.append((f"GPU {first}" if r - first == 1 else f"GPU {first}–{r - 1}", loads[first]))
+            first = r
+    capacity = plan.hardware.gpu_mem_gib
+    top = max(capacity, max(sum(b) for _, b in bars) / GIB) * 1.08
+    left, bar_h, pitch, y0 = 78, 16, 22, 44
+    span = width - left - 16
+    height = y0 + pitch * len(bars) + 26
+
+    def x(gib: float) -> float:
+        return round(left + span * gib / top, 1)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+           f'style="max-width:{width}px;font-family:inherit;font-size:12px" role="img" '
+           f'aria-label="GiB per GPU by part">']
+    lx = left
+    for label, _, colour in SEGMENTS:   # legend
+        out.append(f'<rect x="{lx}" y="6" width="11" height="11" fill="{colour}"/>'
+                   f'<text x="{lx + 15}" y="15" fill="#374151">{escape(label)}</text>')
+        lx += 26 + 6.2 * len(label)
+    for i, (label, load) in enumerate(bars):
+        y, at = y0 + i * pitch, 0.0
+        out.append(f'<text x="{left - 6}" y="{y + bar_h - 4}" text-anchor="end" fill="#374151">{escape(label)}</text>')
+        for (name, _, colour), nbytes in zip(SEGMENTS, load):
+            gib = nbytes / GIB
+            if gib > 0:
+                out.append(f'<rect x="{x(at)}" y="{y}" width="{round(x(at + gib) - x(at), 1)}" height="{bar_h}" '
+                           f'fill="{colour}"><title>{escape(label)} · {escape(name)}: {gib:.2f} GiB</title></rect>')
+            at += gib
+    bottom = y0 + pitch * len(bars)
+    out.append(f'<line x1="{x(capacity)}" y1="{y0 - 8}" x2="{x(capacity)}" y2="{bottom}" stroke="#b91c1c" '
+               f'stroke-dasharray="4 3"/><text x="{x(capacity)}" y="{y0 - 11}" text-anchor="middle" '
+               f'fill="#b91c1c">{capacity:g} GiB</text>')
+    step = _tick_step(top)
+    for k in range(int(top // step) + 1):
+        out.append(f'<text x="{x(k * step)}" y="{bottom + 16}" text-anchor="middle" fill="#6b7280">'
+                   f'{k * step:g}</text>')
+    out.append(f'<text x="{width - 16}" y="{bottom + 16}" text-anchor="end" fill="#6b7280">GiB</text></svg>')
+    return "".join(out)
+
+
+def _tick_step(top: float) -> float:
+    """A 1-2-5 step giving 4 to 10 ticks up to top."""
+    step = 10 ** math.floor(math.log10(top / 5))
+    for m in (1, 2, 5, 10):
+        if top / (step * m) <= 8:
+            return step * m
+    return step * 10

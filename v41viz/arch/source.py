@@ -1,10 +1,13 @@
-"""The engine's real source for a diagram node, read with inspect (imports engine.model lazily: torch)."""
+"""The engine's real source for a diagram node, read from the engine's files (parsed with ast, never imported:
+the Architecture page stays free of torch)."""
 from __future__ import annotations
 
-import importlib
-import inspect
+import ast
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]   # the repository: engine/ lies beside v41viz/
 
 # Module type → the classes/functions that implement it, by qualified name, shown in this order.
 ENGINE_CODE: dict[str, tuple[str, ...]] = {
@@ -61,23 +64,30 @@ def engine_source(module_type: str) -> SourceInfo:
     pieces, problems = [], []
     for qualname in qualnames:
         module_name, name = qualname.rsplit(".", 1)
+        rel = module_name.replace(".", "/") + ".py"
         try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name and module_name.startswith(e.name):
-                problems.append(f"not implemented in the engine yet ({module_name} does not exist)")
-            else:
-                problems.append(f"{module_name} could not be imported: {e}")
+            definitions, lines = _definitions(rel)
+        except FileNotFoundError:
+            problems.append(f"not implemented in the engine yet ({module_name} does not exist)")
             continue
-        except Exception as e:  # a half-written engine module must not break the page
-            problems.append(f"{module_name} failed to import: {type(e).__name__}: {e}")
+        except (SyntaxError, UnicodeDecodeError, OSError) as e:  # a half-written engine file must not break the page
+            problems.append(f"{rel} could not be read: {type(e).__name__}: {e}")
             continue
-        obj = getattr(module, name, None)
-        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        if name not in definitions:
             problems.append(f"not implemented in the engine yet ({module_name} has no {name})")
             continue
-        lines, start = inspect.getsourcelines(obj)
-        path = inspect.getsourcefile(obj) or ""
-        rel = path[path.rfind("engine/"):] if "engine/" in path else path
-        pieces.append(CodePiece(qualname, rel, start, "".join(lines)))
+        first, last = definitions[name]
+        pieces.append(CodePiece(qualname, rel, first, "".join(lines[first - 1:last])))
     return SourceInfo(tuple(pieces), "; ".join(problems))
+
+
+@lru_cache(maxsize=64)
+def _definitions(rel: str) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """A file's top-level classes and functions: name → (first line with decorators, last line), and its lines."""
+    text = (ROOT / rel).read_text(encoding="utf-8")
+    spans = {}
+    for node in ast.parse(text, filename=rel).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            spans[node.name] = (first, node.end_lineno or node.lineno)
+    return spans, text.splitlines(keepends=True)

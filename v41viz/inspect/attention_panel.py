@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from engine.trace import Trace
 
 from .links import related
-from .panel_style import titled
+from .panel_style import thinned_categories, titled
 
 
 def attention_paths(trace: Trace, only: str | None = None) -> list[str]:
@@ -32,7 +32,7 @@ def share_figure(trace: Trace, row: int = 0, only: str | None = None) -> go.Figu
     for col, colour in (("window", "#9ca3af"), ("compressed", "#3b6ea5"), ("sink", "#c8741c")):
         fig.add_bar(x=t["layer"], y=t[col], name=col, marker_color=colour)
     fig.update_layout(barmode="stack", yaxis_title="mean mass")
-    return titled(fig, "where attention goes, averaged over tokens")
+    return thinned_categories(titled(fig, "where attention goes, averaged over tokens", height=360), list(t["layer"]))
 
 
 def chosen_positions(trace: Trace, row: int, pos: int) -> pd.DataFrame:

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.spec.config import ModelArgs
 from engine.trace import Trace
 
-from .tokens import coloured_text_html, labels
+from .panel_style import thinned_categories
+from .tokens import axis_labels, coloured_text_html, labels
 
 
 def engram_paths(trace: Trace, only: str | None = None) -> list[str]:
@@ -16,14 +16,19 @@ def engram_paths(trace: Trace, only: str | None = None) -> list[str]:
     return [p for p in trace.paths("engram") if related(p, only)]
 
 
-def rows_table(trace: Trace, args: ModelArgs, path: str, row: int, pos: int) -> pd.DataFrame:
-    """The hashed table rows of one token: one line per n-gram order (2..N), one column per head."""
+def rows_table(trace: Trace, facts, path: str, row: int, pos: int) -> pd.DataFrame:
+    """The hashed table rows of one token: one line per n-gram order (2..N), one column per head. facts: the
+    recording model's sizes (ModelArgs or TraceModel); with its N unknown (0) the rows form one line."""
     rec = trace.fact("engram", path, row, pos)
     if rec is None:
         raise KeyError(f"no Engram record for {path} at row {row}, position {pos}")
-    orders = args.engram_max_ngram_size - 1
+    n = int(getattr(facts, "engram_max_ngram_size", 0) or 0)
+    if n < 2 or rec["row_ids"].size % (n - 1):
+        return pd.DataFrame([rec["row_ids"].reshape(-1)], index=["rows"],
+                            columns=[f"column {c}" for c in range(rec["row_ids"].size)])
+    orders = n - 1
     ids = rec["row_ids"].reshape(orders, -1)  # [N-1, H]: the hash lays columns out order-major
-    return pd.DataFrame(ids, index=[f"{n}-gram" for n in range(2, args.engram_max_ngram_size + 1)],
+    return pd.DataFrame(ids, index=[f"{g}-gram" for g in range(2, n + 1)],
                         columns=[f"head {h}" for h in range(ids.shape[1])])
 
 
@@ -38,13 +43,14 @@ def gate_grid(trace: Trace, path: str, row: int = 0) -> tuple[list[int], np.ndar
 def gate_figure(trace: Trace, path: str, row: int = 0) -> go.Figure:
     """Stream × token heatmap of how much of the retrieved memory each mHC stream lets in."""
     positions, gates = gate_grid(trace, path, row)
-    fig = go.Figure(go.Heatmap(z=gates.T, x=labels(trace, row, positions),
-                               y=[f"stream {i}" for i in range(gates.shape[1])], colorscale="Oranges",
-                               zmin=0, zmax=1, colorbar=dict(title="gate"),
-                               hovertemplate="%{y} · %{x}: gate %{z:.3f}<extra></extra>"))
-    fig.update_layout(height=260, margin=dict(l=10, r=10, t=30, b=10), xaxis=dict(title="token (position:text)"),
+    x, names = axis_labels(trace, row, positions), labels(trace, row, positions)
+    fig = go.Figure(go.Heatmap(z=gates.T, x=x, y=[f"stream {i}" for i in range(gates.shape[1])],
+                               colorscale="Oranges", zmin=0, zmax=1, colorbar=dict(title="gate"),
+                               customdata=[names] * gates.shape[1],
+                               hovertemplate="%{y} · %{customdata}: gate %{z:.3f}<extra></extra>"))
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), xaxis=dict(title="token (position:text)"),
                       title=dict(text=f"{path}: gate per stream and token", font=dict(size=13)))
-    return fig
+    return thinned_categories(fig, x)
 
 
 def token_summary(trace: Trace, path: str, row: int = 0) -> pd.DataFrame:

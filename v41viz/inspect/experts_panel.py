@@ -5,10 +5,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.spec.experts_touched import expected_touched
 from engine.trace import Trace, path_order
 
 from .links import related
-from .tokens import labels
+from .panel_style import categorical_scale, ratio_scale, thinned_categories, titled
+from .tokens import axis_labels, labels
+from .trace_model import trace_model
 
 
 def moe_paths(trace: Trace, only: str | None = None) -> list[str]:
@@ -33,24 +36,31 @@ def choice_grid(trace: Trace, row: int, paths: list[str]):
     return positions, ids, weights, scores
 
 
-def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None) -> go.Figure:
-    """Cell colour = the expert with the largest routing weight; the cell text lists every chosen expert."""
+def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_experts: int | None = None) -> go.Figure:
+    """Cell colour = the expert with the largest routing weight, one palette colour per expert id (ids are
+    categories); the cell text lists every chosen expert. n_experts: the recording model's (from the trace)."""
     paths = moe_paths(trace, only)
     positions, ids, weights, scores = choice_grid(trace, row, paths)
+    n = max(n_experts or trace_model(trace).n_routed_experts, int(ids.max()) + 1 if ids.size else 1)
     top = np.take_along_axis(ids, np.argmax(np.nan_to_num(weights, nan=-1.0), -1)[..., None], -1)[..., 0] \
         if ids.size else np.zeros((len(paths), len(positions)), np.int64)  # [P, T]
     text = [[",".join(str(e) for e in ids[i, j] if e >= 0) for j in range(len(positions))] for i in range(len(paths))]
-    hover = [[("<br>".join(f"expert {e}: weight {w:.3f}, score {s:.3f}" for e, w, s in
-                           zip(ids[i, j], weights[i, j], scores[i, j]) if e >= 0) or "not recorded")
+    names = labels(trace, row, positions)
+    hover = [[f"{names[j]}<br>" + ("<br>".join(f"expert {e}: weight {w:.3f}, score {s:.3f}" for e, w, s in
+                                              zip(ids[i, j], weights[i, j], scores[i, j]) if e >= 0) or "not recorded")
               for j in range(len(positions))] for i in range(len(paths))]
     z = np.where(top >= 0, top, np.nan).astype(float)
-    fig = go.Figure(go.Heatmap(z=z, x=labels(trace, row, positions), y=paths, text=text, texttemplate="%{text}",
-                               customdata=hover, hovertemplate="%{y} · %{x}<br>%{customdata}<extra></extra>",
-                               colorscale="Turbo", colorbar=dict(title="top expert")))
-    fig.update_layout(height=max(260, 26 * len(paths) + 120), margin=dict(l=10, r=10, t=30, b=10),
+    x = axis_labels(trace, row, positions)
+    ticks = list(range(0, n, max(1, -(-n // 16))))
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=paths, text=text, textfont=dict(size=9),
+                               texttemplate="%{text}" if len(positions) <= 24 else "",  # narrow cells: hover only
+                               customdata=hover, hovertemplate="%{y} · %{customdata}<extra></extra>",
+                               colorscale=categorical_scale(n), zmin=-0.5, zmax=n - 0.5, xgap=1, ygap=1,
+                               colorbar=dict(title="top expert", tickvals=ticks, ticktext=[f"e{e}" for e in ticks])))
+    fig.update_layout(height=max(300, 26 * len(paths) + 170), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed", title=None), xaxis=dict(title="token (position:text)"),
                       title=dict(text="chosen experts per token and layer (hover: weights and scores)", font=dict(size=13)))
-    return fig
+    return thinned_categories(fig, x)
 
 
 def load_table(trace: Trace, paths: list[str], n_experts: int) -> pd.DataFrame:
@@ -64,17 +74,23 @@ def load_table(trace: Trace, paths: list[str], n_experts: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def load_figure(trace: Trace, n_experts: int, only: str | None = None) -> go.Figure:
+def load_figure(trace: Trace, n_experts: int | None = None, only: str | None = None) -> go.Figure:
+    """Per backbone layer and expert: tokens routed ÷ the uniform share. The colour bar runs from 0 (a ratio is
+    never negative) with white at 1 (balanced)."""
+    n_experts = n_experts or trace_model(trace).n_routed_experts
     paths = [p for p in moe_paths(trace, only) if p.startswith("layers.")]
     table = load_table(trace, paths, n_experts)
     z = table[[f"e{e}" for e in range(n_experts)]].to_numpy(float) if len(table) else np.zeros((0, n_experts))
-    fig = go.Figure(go.Heatmap(z=z, x=[str(e) for e in range(n_experts)], y=paths, zmid=1.0, colorscale="RdBu_r",
-                               text=np.round(z, 2), texttemplate="%{text}", colorbar=dict(title="÷ uniform"),
+    top = max(2.0, float(np.nanmax(z))) if z.size and np.isfinite(z).any() else 2.0
+    x = [str(e) for e in range(n_experts)]
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=paths, zmin=0.0, zmax=top, colorscale=ratio_scale(top),
+                               text=np.round(z, 2), texttemplate="%{text}", textfont=dict(size=9),
+                               colorbar=dict(title="÷ uniform", tick0=0, dtick=1 if top <= 6 else None),
                                hovertemplate="%{y} · expert %{x}: %{z:.2f}× the uniform load<extra></extra>"))
-    fig.update_layout(height=max(240, 26 * len(paths) + 110), margin=dict(l=10, r=10, t=30, b=10),
+    fig.update_layout(height=max(300, 26 * len(paths) + 150), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed"), xaxis=dict(title="expert"),
                       title=dict(text="load per backbone layer against uniform (1.0 = balanced)", font=dict(size=13)))
-    return fig
+    return thinned_categories(fig, x, max_labels=8, upright=False)
 
 
 def measured_touched(trace: Trace, row: int = 0) -> dict[int, float]:
@@ -88,6 +104,25 @@ def measured_touched(trace: Trace, row: int = 0) -> dict[int, float]:
         out[b] = float(np.mean(counts))
         b *= 2
     return out
+
+
+def touched_figure(trace: Trace) -> go.Figure:
+    """Distinct experts a batch of B tokens reads per backbone layer: the closed form E·(1−(1−k/E)^B) for the
+    recording model's E and k, and what this run measured (consecutive tokens as the batch)."""
+    facts = trace_model(trace)
+    e, k = facts.n_routed_experts, facts.n_activated_experts
+    measured = measured_touched(trace)
+    batches = [2 ** i for i in range(12)]
+    fig = go.Figure()
+    if e and k:
+        fig.add_scatter(x=batches, y=[expected_touched(e, k, b) for b in batches], mode="lines+markers",
+                        name=f"closed form: E={e}, k={k}")
+    if measured:
+        fig.add_scatter(x=list(measured), y=list(measured.values()), mode="markers", name="measured (this run)",
+                        marker=dict(size=10, symbol="diamond"))
+    fig.update_layout(xaxis=dict(type="log", title="tokens in batch B", tickvals=batches[::2]),
+                      yaxis=dict(title="distinct experts per layer", rangemode="tozero"))
+    return titled(fig, "experts read by B consecutive tokens", height=360)
 
 
 def token_topk(trace: Trace, row: int, pos: int) -> pd.DataFrame:

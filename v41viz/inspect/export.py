@@ -5,7 +5,8 @@ import tempfile
 from pathlib import Path
 
 from engine.spec.errors import InputError
-from engine.trace import Trace, TraceFormatError, load_trace, save_trace, trace_format
+from engine.trace import Trace, TraceFormatError, load_trace_bytes, save_trace, trace_format
+from engine.trace.limits import MAX_FILE_BYTES, MiB
 
 FORMATS = {"json": ("trace.json", "application/json"),
            "parquet": ("trace.parquet.zip", "application/zip"),
@@ -22,18 +23,53 @@ def trace_bytes(trace: Trace, fmt: str) -> bytes:
         return path.read_bytes()
 
 
-def trace_from_upload(name: str, data: bytes) -> Trace:
-    """Read an uploaded trace; the name's suffix picks the format. Raises ValueError / TraceFormatError with
-    a message for the page."""
-    trace_format(name)  # refuses an unknown suffix with a message naming the accepted ones
+def trace_from_upload(name: str, upload) -> Trace:
+    """Read an uploaded trace (bytes, or an upload with .size and .getvalue()); the name's suffix picks the
+    format. The size is checked before the bytes are read. Raises TraceFormatError (a ValueError) with a
+    message for the page, whatever is wrong with the file."""
+    fmt = trace_format(name)  # refuses an unknown suffix with a message naming the accepted ones
+    size = len(upload) if isinstance(upload, (bytes, bytearray)) else int(getattr(upload, "size", 0))
+    if size > MAX_FILE_BYTES[fmt]:
+        raise TraceFormatError(f"{name}: the file has {size / MiB:,.1f} MiB; a {fmt} trace may have at most "
+                               f"{MAX_FILE_BYTES[fmt] // MiB} MiB")
+    data = upload if isinstance(upload, (bytes, bytearray)) else upload.getvalue()
     if not data:
         raise TraceFormatError(f"{name}: the file is empty")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / Path(name).name
-        path.write_bytes(data)
-        try:
-            return load_trace(path)
-        except TraceFormatError as e:
-            raise TraceFormatError(str(e).replace(str(path), name)) from None
-        except Exception as e:  # a foreign zip/safetensors can fail inside pyarrow or safetensors
-            raise TraceFormatError(f"{name}: not a readable v41viz trace ({type(e).__name__}: {e})") from None
+    try:
+        trace = load_trace_bytes(Path(name).name, bytes(data))
+    except TraceFormatError:
+        raise
+    except (MemoryError, RecursionError) as e:
+        raise TraceFormatError(f"{name}: too large or too deeply nested to read ({type(e).__name__})") from None
+    except Exception as e:  # a parser's own complaint about a foreign file
+        raise TraceFormatError(f"{name}: not a readable v41viz trace ({type(e).__name__}: {str(e)[:200]})") from None
+    if problem := invalid_text(trace):
+        raise TraceFormatError(f"{name}: {problem}")
+    return trace
+
+
+def invalid_text(trace: Trace) -> str:
+    """Where a trace holds text that is not valid Unicode (a lone UTF-16 surrogate, which JSON escapes can carry
+    but no writer of this project makes), as a clause; '' when all its text is valid."""
+    def bad(text: str) -> int:
+        return next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), -1)
+
+    def walk(value, where: str, depth: int = 0) -> str:
+        if isinstance(value, str):
+            i = bad(value)
+            return "" if i < 0 else (f"{where} is not valid text: character {i + 1} is a lone UTF-16 surrogate "
+                                     f"(U+{ord(value[i]):04X})")
+        if depth < 8 and isinstance(value, dict):
+            return next((p for k, v in value.items() for p in (walk(k, f"{where} key", depth + 1),
+                                                                walk(v, f"{where} '{k}'", depth + 1)) if p), "")
+        if depth < 8 and isinstance(value, list):
+            return next((p for v in value if (p := walk(v, where, depth + 1))), "")
+        return ""
+
+    found = walk(trace.meta, "meta")
+    for row in trace.rows():
+        for t in trace.tokens(row):
+            found = found or walk(t.text, f"the text of token {t.pos} (row {row})")
+    for kind in ("moe", "mhc", "engram", "attention"):
+        found = found or next((p for path in trace.paths(kind) if (p := walk(path, f"a {kind} module path"))), "")
+    return found

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from engine.trace import Trace, mhc_gain, path_order
 
-from .panel_style import titled
+from .panel_style import HALF_AXIS_LABELS, thinned_categories, titled
 
 
 def positions(trace: Trace, row: int = 0) -> list[int]:
@@ -56,7 +56,8 @@ def residual_figure(trace: Trace, row: int = 0) -> go.Figure:
     fig.add_scatter(x=t["seam"], y=t["max row residual"], mode="lines+markers", name="row sums − 1")
     fig.add_scatter(x=t["seam"], y=t["max column residual"], mode="lines+markers", name="column sums − 1")
     fig.update_layout(yaxis=dict(type="log", title="max |residual|"))
-    return titled(fig, "Sinkhorn residuals after the last iteration (max over tokens)")
+    return thinned_categories(titled(fig, "Sinkhorn residuals after the last iteration (max over tokens)", height=380),
+                              list(t["seam"]), HALF_AXIS_LABELS)
 
 
 def gain_by_depth(trace: Trace, row: int, pos: int) -> pd.DataFrame:
@@ -75,6 +76,6 @@ def gain_figure(trace: Trace, row: int, pos: int) -> go.Figure:
     t = gain_by_depth(trace, row, pos)
     fig = go.Figure(go.Scatter(x=t["seam"], y=t["gain"], mode="lines+markers", name="composite gain"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280", annotation_text="1 = no amplification")
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), yaxis_title="max gain of the product",
+    fig.update_layout(height=380, margin=dict(l=10, r=10, t=30, b=10), yaxis_title="max gain of the product",
                       title=dict(text=f"composite mHC product over depth · position {pos}", font=dict(size=13)))
-    return fig
+    return thinned_categories(fig, list(t["seam"]), HALF_AXIS_LABELS)

@@ -2,17 +2,35 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.dspark.config import SCHEDULES, DSparkConfig
+from engine.dspark.profile import load_or_profile
+from engine.model.sampling import check_sampling
 from engine.spec.errors import InputError
+from engine.text.prompt_text import check_prompt_text
 from engine.trace import Trace, TraceBudget
+
+from .trace_model import model_facts
 
 TRACE_MAX_TOKENS = 1024
 _RUN_SERIALS = itertools.count(1)
 MAX_PROMPT_CHARS = 4000
+
+
+def prompt_problem(prompt: str) -> str:
+    """Why a prompt cannot be run, as a clause ('' when it can): empty, too long, or not valid text."""
+    try:
+        check_prompt_text(prompt, "the prompt")  # the engine's one rule (CLI and API too): valid Unicode, not blank
+    except InputError as e:
+        return str(e)
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return (f"the prompt has {len(prompt):,} characters; the Inspect page takes at most {MAX_PROMPT_CHARS:,} "
+                "(every token is traced)")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -30,15 +48,11 @@ class GenSettings:
 
     def check(self) -> None:
         """Raise ValueError naming the setting that is out of range."""
-        if not self.prompt.strip():
-            raise InputError("The prompt is empty: type some text to continue.")
-        if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise InputError(f"The prompt has {len(self.prompt):,} characters; the Inspect page takes at most "
-                             f"{MAX_PROMPT_CHARS:,} (every token is traced).")
+        if problem := prompt_problem(self.prompt):
+            raise InputError(problem[0].upper() + problem[1:] + ".")
         if not 1 <= self.max_new_tokens <= 512:
             raise InputError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise InputError("temperature must be ≥ 0, top-p in (0, 1] and top-k ≥ 0")
+        check_sampling(self.temperature, self.top_k, self.top_p, names=("temperature", "top-k", "top-p"))
         if self.schedule not in SCHEDULES:
             raise InputError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
 
@@ -56,9 +70,19 @@ class LiveRun:
     started: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None  # from the click to the first streamed token
     elapsed_s: float = 0.0
-    finish: str = ""
+    finish: str = ""                   # the engine's finish reason: length | stop | max_seq_len
     message: str = ""
     serial: int = field(default_factory=lambda: next(_RUN_SERIALS))  # tells one run from the next in a session
+    max_new_tokens: int = 0
+    phase: str = ""                    # while running: queued | schedule | profiling | prefill | decoding
+    ahead: int = 0                     # generations of other sessions ahead of this one in the queue
+    profiled: tuple[int, int] = (0, 0)  # (shapes timed, shapes) while profiling for the auto schedule
+    profile_s: float = 0.0
+    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    stopped_by: str = ""               # "you" when the Stop button ended it
+    watched_at: float = 0.0            # when a page last showed it running (perf_counter)
+    finished_at: float = 0.0
+    thread: threading.Thread | None = field(default=None, repr=False, compare=False)  # a background run's
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,29 +92,67 @@ class LiveRun:
         return (self.n_tokens - 1) / (self.elapsed_s - self.first_token_s)
 
 
-def new_trace(settings: GenSettings, model: str, weights: str) -> Trace:
+    @property
+    def active(self) -> bool:
+        """A background generation is still going (or about to end: its thread has not finished)."""
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def finished_unwatched(self) -> bool:
+        """It ended while no page was showing it (the user was on another page)."""
+        return self.finished_at > 0 and self.watched_at > 0 and self.finished_at - self.watched_at > 1.0
+
+
+def new_trace(settings: GenSettings, model: str, weights: str, args=None) -> Trace:
     meta = {"config": model, "weights": weights, "prompt": settings.prompt, "temperature": settings.temperature,
             "top_k": settings.top_k, "top_p": settings.top_p, "seed": settings.seed, "dspark": settings.dspark,
             "schedule": settings.schedule if settings.dspark else "", "max_new_tokens": settings.max_new_tokens,
             "threshold": settings.threshold, "attention": settings.attention}
+    if args is not None:
+        meta.update(model_facts(args))
     return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention), meta=meta)
 
 
-def dspark_config(engine, settings: GenSettings) -> DSparkConfig | None:
-    """The DSparkConfig of the settings, or None when DSpark is off."""
+def dspark_config(engine, settings: GenSettings, run: LiveRun | None = None) -> DSparkConfig | None:
+    """The DSparkConfig of the settings, or None when DSpark is off. The auto schedule needs this machine's
+    throughput table: read, or profiled once and stored; the run's phase and progress say which."""
     if not settings.dspark:
         return None
-    return DSparkConfig.from_settings(settings.schedule, settings.threshold, engine.model)
+    if settings.schedule != "auto":
+        return DSparkConfig.from_settings(settings.schedule, settings.threshold, engine.model)
+    if engine.model is None:  # an engine service: its weights live in the ranks, not in this process
+        raise InputError("the auto DSpark schedule profiles the model in this process, but this engine runs as a "
+                         "service (its ranks hold the weights): pick the all or threshold schedule")
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if run is not None:
+            run.phase, run.profiled = "profiling", (done, total)
+            if run.stop_requested.is_set():
+                raise StopRequested
+    if run is not None:
+        run.phase = "schedule"
+    table = load_or_profile(engine.model, on_progress=progress)
+    if run is not None and run.phase == "profiling":
+        run.profile_s = time.perf_counter() - t0
+    return DSparkConfig("auto", threshold=settings.threshold, sps=table)
+
+
+class StopRequested(Exception):
+    """Raised inside the generation loop when the user asked it to stop (the trace keeps what was made)."""
 
 
 def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callable[[LiveRun, str], None]) -> None:
     """Generate with the run's trace; on_piece(run, text) after each decoded piece. Updates run in place, so
     an interrupted generation (the Stop button) leaves what it produced."""
     from engine.generation import TextStream
-    ids = [engine.encode(settings.prompt)]
+    ids = [engine.encode_prompt(settings.prompt)]
     stream = TextStream(engine.tokenizer)
+    dspark = dspark_config(engine, settings, run)
+    run.phase = "prefill"
 
     def on_token(_row: int, token: int, _info) -> None:
+        run.phase = "decoding"
         run.n_tokens += 1
         run.elapsed_s = time.perf_counter() - run.started
         if run.first_token_s is None:
@@ -101,9 +163,27 @@ def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callabl
 
     result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                              top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed, trace=run.trace,
-                             on_token=on_token, dspark=dspark_config(engine, settings))
+                             on_token=on_token, dspark=dspark)
     run.elapsed_s = time.perf_counter() - run.started
     run.finish, run.status = result.finish_reasons[0], "done"
+
+
+def status_sentence(run: LiveRun) -> str:
+    """How the run stands or ended, as a sentence fragment ('stopped at max new tokens (24)')."""
+    n = run.n_tokens
+    tokens = f"{n} token{'' if n == 1 else 's'}"
+    if run.status == "running":
+        return {"queued": f"waiting for the engine ({run.ahead} generation(s) ahead)",
+                "schedule": "reading the auto schedule's throughput table",
+                "profiling": "profiling this machine for the auto schedule ({}/{} shapes)".format(*run.profiled),
+                "prefill": "reading the prompt (prefill)"}.get(run.phase, f"generating ({tokens} so far)")
+    if run.status == "stopped":
+        return f"stopped by you after {tokens}" if run.stopped_by == "you" else f"interrupted after {tokens}"
+    if run.status == "error":
+        return f"stopped by an error after {tokens}"
+    return {"length": f"stopped at max new tokens ({tokens})", "stop": f"reached end of text after {tokens}",
+            "max_seq_len": f"reached the model's context length after {tokens}"}.get(run.finish,
+                                                                                      f"finished after {tokens}")
 
 
 def settings_of(meta: dict) -> dict[str, object]:

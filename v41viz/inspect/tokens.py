@@ -2,34 +2,105 @@
 from __future__ import annotations
 
 import html
+import math
+import unicodedata
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from engine.trace import Trace
 
-
-def token_label(text: str, pos: int) -> str:
-    """A short, unambiguous axis label: position, then the token text with whitespace made visible."""
-    shown = text.replace("\n", "⏎").replace(" ", "·") or "∅"
-    return f"{pos}:{shown[:12]}"
+WHITESPACE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+AXIS_CHARS = 6     # token text kept in an axis label (the hover and the table show all of it)
 
 
-def labels(trace: Trace, row: int, positions) -> list[str]:
+def visible(text: str) -> str:
+    """A token's text with whitespace and control characters made visible (a space is ·, a line break ⏎,
+    other invisible characters their \\u escape); ∅ for an empty text."""
+    out = []
+    for ch in text:
+        if ch in WHITESPACE:
+            out.append(WHITESPACE[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") or (ch.isspace() and ch != " "):
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def token_label(text: str, pos: int, chars: int = 12) -> str:
+    """A short, unambiguous label: position, then the token text with whitespace made visible (cut with …)."""
+    shown = visible(text)
+    return f"{pos}:{shown if len(shown) <= chars else shown[:chars - 1] + '…'}"
+
+
+def labels(trace: Trace, row: int, positions, chars: int = 12) -> list[str]:
     texts = {t.pos: t.text for t in trace.tokens(row)}
-    return [token_label(texts.get(p, "?"), p) for p in positions]
+    return [token_label(texts.get(p, "?"), p, chars) for p in positions]
 
 
-def token_table(trace: Trace, row: int = 0) -> pd.DataFrame:
-    """One line per token: position, text, id, prompt or generated, probability, top alternatives, step time."""
+def axis_labels(trace: Trace, row: int, positions) -> list[str]:
+    """Labels for a token axis: short, so that thinned and turned upright they never overlap."""
+    return labels(trace, row, positions, AXIS_CHARS)
+
+
+def token_probability(t) -> float:
+    """The probability the model gave this token at its position: teacher-forced for a prompt token, from the
+    distribution it was drawn from (before sampling filters) for a generated one; NaN when not recorded."""
+    if t.logprob == t.logprob:
+        return math.exp(t.logprob)
+    chosen = t.top_probs[t.top_ids == t.token_id]
+    return float(chosen[0]) if chosen.size else math.nan
+
+
+def probability_text(p: float) -> str:
+    """0.4213, or 3.21e-05 for a probability too small for four decimals."""
+    return f"{p:.4f}" if p >= 1e-3 else f"{p:.2e}"
+
+
+def alternatives(t, token_text: Callable[[int], str | None]) -> str:
+    """The top-k ids the model weighed at this position, each as 'text' p (#id); the token itself is marked ✓."""
+    parts = []
+    for i, p in zip(t.top_ids.tolist(), t.top_probs.tolist()):
+        text = token_text(i)
+        shown = f"'{visible(text)}'" if text is not None else "(text unknown)"
+        parts.append(f"{'✓ ' if i == t.token_id else ''}{shown} {p:.3f} (#{i})")
+    return " · ".join(parts)
+
+
+def token_table(trace: Trace, row: int = 0, token_text: Callable[[int], str | None] = lambda i: None) -> pd.DataFrame:
+    """One line per token: position, visible text, id, prompt or generated, its probability under the model,
+    the top-k alternatives with their text, and the step time."""
     rows = []
     for t in trace.tokens(row):
-        alts = ", ".join(f"{i}:{p:.2f}" for i, p in zip(t.top_ids.tolist(), t.top_probs.tolist()))
-        chosen = t.top_probs[t.top_ids == t.token_id]
-        rows.append({"pos": t.pos, "text": t.text, "id": t.token_id, "kind": "generated" if t.generated else "prompt",
-                     "p (top-k)": float(chosen[0]) if chosen.size else np.nan, "top-k id:p": alts,
-                     "step ms": t.step_time_s * 1e3 if t.generated else np.nan})
-    return pd.DataFrame(rows, columns=["pos", "text", "id", "kind", "p (top-k)", "top-k id:p", "step ms"])
+        p = token_probability(t)
+        if p == p:
+            prob = probability_text(p)
+        else:
+            prob = "– (first token: nothing before it)" if t.pos == 0 else "– (not recorded)"
+        rows.append({"pos": t.pos, "text": visible(t.text), "id": t.token_id,
+                     "kind": "generated" if t.generated else "prompt", "p under the model": prob,
+                     "top-k alternatives: 'text' p (#id)": alternatives(t, token_text),
+                     "step ms": round(t.step_time_s * 1e3, 1) if t.generated else None})
+    return pd.DataFrame(rows, columns=["pos", "text", "id", "kind", "p under the model",
+                                       "top-k alternatives: 'text' p (#id)", "step ms"])
+
+
+def token_detail_html(trace: Trace, row: int, pos: int, token_text: Callable[[int], str | None]) -> str:
+    """One line about the token at `pos`: its text, kind, probability under the model and the alternatives the
+    model weighed there (escaped, whitespace visible)."""
+    t = next((t for t in trace.tokens(row) if t.pos == pos), None)
+    if t is None:
+        return f"<div>position {pos}: no token recorded</div>"
+    p = token_probability(t)
+    how = "drawn from the model's distribution" if t.generated else "teacher-forced: given the prompt before it"
+    prob = f"p under the model <b>{probability_text(p)}</b> ({how})" if p == p else (
+        "no probability: nothing comes before the first token" if t.pos == 0 else "probability not recorded")
+    alts = alternatives(t, token_text)
+    return (f'<div style="font-size:0.9rem"><code>{html.escape(token_label(t.text, t.pos, 40))}</code> '
+            f'({"generated" if t.generated else "prompt"}, id {t.token_id}) · {prob}'
+            + (f" · alternatives: <code>{html.escape(alts)}</code>" if alts else "") + "</div>")
 
 
 def coloured_text_html(texts: list[str], values: list[float], title: str, lo: float = 0.0, hi: float = 1.0) -> str:

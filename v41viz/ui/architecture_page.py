@@ -1,6 +1,8 @@
 """Streamlit pieces of the architecture page: URL/selection sync, header, diagram, details, accounting tabs."""
 from __future__ import annotations
 
+from functools import partial
+
 import streamlit as st
 
 from engine.spec.errors import InputError
@@ -8,16 +10,20 @@ from engine.spec.memory_plan import WORKING_FORMULA, Hardware, memory_plan
 
 from ..arch import accounting_panels as panels
 from ..arch import plan_panels
-from ..arch.details import display_table, human, node_details
-from ..arch.diagram import build_figure
+from ..arch.details import NodeDetails, display_table, human, node_details
+from ..arch.diagram import diagram_html
 from ..arch.layout import build_layout
 from ..arch.model_view import ModelView, context_length
 from ..arch.module_docs import describe
 from ..arch.source import engine_source
+from .diagram_component import diagram as draw_diagram
+from .diagram_component import picked
 from .page_links import ARCH_JUMP, to_inspect_button
-from .url_state import ViewState, from_query, sanitize, to_query
+from .plain_text import literal, preformatted
+from .static_table import show_table
+from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
 
-NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_last_pick"
+NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_pick"
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
 KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept"}
 
@@ -32,7 +38,7 @@ def sync_state(config_key: str, view: ModelView) -> ViewState:
     if jump in g:
         if st.session_state.get(OWNER) != config_key:
             st.session_state[EXPAND] = []
-        st.session_state[NODE], st.session_state[OWNER], st.session_state[PICK] = jump, config_key, None
+        st.session_state[NODE], st.session_state[OWNER] = jump, config_key
     if st.session_state.get(OWNER) != config_key or NODE not in st.session_state:
         url = from_query(st.query_params)
         first_visit = OWNER not in st.session_state
@@ -41,14 +47,12 @@ def sync_state(config_key: str, view: ModelView) -> ViewState:
         st.session_state[NODE] = clean.node or f"layers.{view.default_focus()}.attn"
         st.session_state[EXPAND] = list(clean.expand)
         st.session_state[OWNER] = config_key
-        st.session_state[PICK] = None
         for p in problems:
             st.warning(p)
-    event = st.session_state.get(f"diagram:{config_key}")
-    points = tuple(p.get("customdata") for p in (event or {}).get("selection", {}).get("points", []))
-    if points and points != st.session_state.get(PICK) and points[0] in g:
-        st.session_state[NODE] = points[0]
-    st.session_state[PICK] = points
+    if (clicked := st.session_state.pop(PICK, None)) in g:   # a click on the diagram (see _on_pick)
+        st.session_state[NODE] = clicked
+    if st.session_state.get(NODE) not in g:
+        st.session_state[NODE] = f"layers.{view.default_focus()}.attn"
     st.session_state[KEEP[NODE]], st.session_state[KEEP[EXPAND]] = st.session_state[NODE], list(st.session_state[EXPAND])
     return ViewState(config_key, st.session_state[NODE], tuple(sorted(st.session_state[EXPAND])))
 
@@ -59,9 +63,10 @@ def write_url(state: ViewState) -> None:
         st.query_params.from_dict(want)
 
 
-def header(view: ModelView) -> None:
+def header(config_key: str, view: ModelView) -> None:
     a, acc = view.args, view.accounting.to_json()
-    st.title(a.name or "uploaded config")
+    uploaded = config_key.startswith(UPLOAD_PREFIX)      # its name is the user's file name: shown literally
+    st.title((literal(a.name) if uploaded else a.name) or "uploaded config")
     st.caption(f"{a.family.upper()} family · drawn from config.json (an illustration of the config — no live data)")
     cols = st.columns(6)
     cols[0].metric("parameters (total)", human(acc["params"]["total"]))
@@ -118,25 +123,30 @@ def diagram(config_key: str, view: ModelView, state: ViewState) -> None:
     role = view.graph.nodes[state.node]["role"]
     focus = role.layer if role is not None else st.session_state.get("arch_focus", view.default_focus())
     st.session_state["arch_focus"] = focus
-    fig = _figure(config_key, id(view), state.node, state.expand, focus, view)
-    st.plotly_chart(fig, key=f"diagram:{config_key}", on_select="rerun", selection_mode="points",
-                    config={"displayModeBar": False, "scrollZoom": False}, width="stretch")
+    key = f"diagram:{config_key}"
+    html = _drawing(config_key, id(view), state.node, state.expand, focus, view)
+    draw_diagram(html, key=key, on_pick=partial(_on_pick, key))
+
+
+def _on_pick(key: str) -> None:
+    """Runs before the rerun a diagram click starts: sync_state selects the node if this model has it."""
+    st.session_state[PICK] = picked(key)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)
-def _figure(config_key: str, view_id: int, node: str, expand: tuple[str, ...], focus: int, _view: ModelView):
-    """The diagram for one view state; it depends on no session, so every session shares it (building one
-    takes ~0.1 s). view_id tells apart two uploads of the same name; st.plotly_chart does not modify it."""
+def _drawing(config_key: str, view_id: int, node: str, expand: tuple[str, ...], focus: int, _view: ModelView) -> str:
+    """The diagram's HTML for one view state; it depends on no session, so every session shares it. view_id tells
+    apart two uploads of the same name."""
     a, g = _view.args, _view.graph
     lay = build_layout(a, g, _view.groups, set(expand), focus, _view.size_text)
     hover = {n: _view.hover_text(n, describe(g.nodes[n]["type"], a, g.nodes[n]["role"]).summary)
              for n in {b.node for b in lay.boxes.values()}}
-    return build_figure(lay, node, hover)
+    return diagram_html(lay, node, hover)
 
 
-def details(view: ModelView, state: ViewState) -> None:
+def details(config_key: str, view: ModelView, state: ViewState) -> None:
     node = state.node
-    d = node_details(view.args, view.graph, view.groups, node, frozenset(state.expand))
+    d = _node_details(config_key, id(view), node, state.expand, view)
     st.markdown(f"#### {d.doc.title}")
     to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
     st.markdown(f"`{d.node}` · {d.kind}")
@@ -149,54 +159,59 @@ def details(view: ModelView, state: ViewState) -> None:
     st.markdown("**What it does.** " + d.doc.what)
     st.markdown("**Why it is there.** " + d.doc.why)
     st.markdown("**Formula**")
-    st.code(d.doc.formula, language=None)
+    st.html(preformatted(d.doc.formula))
     if d.tensors is not None and len(d.tensors):
         st.markdown(f"**Checkpoint tensors** under `{d.node}` (routed experts folded into `{{i}}` rows)")
-        table = display_table(d.tensors, d.node)
-        if len(table) <= 12:  # small: a static table reads better (and its text is selectable)
-            st.table(table.set_index("tensor"))
-        else:
-            st.dataframe(table, hide_index=True, width="stretch", height=320)
+        show_table(display_table(d.tensors, d.node), scroll_height=320)
     src = engine_source(d.type)
-    if src.found and view.args.family != "v4.1":
-        st.caption("The engine runs the V4.1 family only; below is its V4.1 implementation of this kind of module.")
-    for piece in src.pieces:
-        with st.expander(f"Engine source: {piece.qualname}  ({piece.path}:{piece.first_line})", expanded=False):
-            st.code(piece.code, language="python", line_numbers=True)
+    for piece in src.pieces:  # drawn when opened: the code highlighter is not part of the first view
+        source = st.expander(f"Engine source: {piece.qualname}  ({piece.path}:{piece.first_line})", expanded=False,
+                             key=f"source:{piece.qualname}", on_change="rerun")
+        if source.open:
+            source.code(piece.code, language="python", line_numbers=True)
     if src.message:
         st.info(f"Engine source: {src.message}.")
+
+
+@st.cache_resource(max_entries=512, show_spinner=False)
+def _node_details(config_key: str, view_id: int, node: str, expand: tuple[str, ...], _view: ModelView) -> NodeDetails:
+    """A node's details depend on no session (view_id tells apart two uploads of the same name)."""
+    return node_details(_view.args, _view.graph, _view.groups, node, frozenset(expand))
 
 
 def accounting_tabs(view: ModelView) -> None:
     a, acc = view.args, view.accounting
     st.subheader("Accounting")
     st.caption("Exact sums over the checkpoint tensor inventory derived from the config (engine.spec.accounting).")
-    t1, t2, t3, t4, t5 = st.tabs(["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"])
-    with t1:
-        left, right = st.columns(2)
-        left.dataframe(panels.reconciliation(acc), hide_index=True, width="stretch")
+    # Only the open tab is drawn (a tab switch reruns the page): the first view carries no chart of these tabs.
+    tabs = st.tabs(["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"],
+                   key="arch_accounting_tab", on_change="rerun")
+    if tabs[0].open:
+        left, right = tabs[0].columns(2)
+        show_table(panels.reconciliation(acc), left)
         pub = panels.published(a)
         if len(pub):
-            right.dataframe(pub, hide_index=True, width="stretch")
+            show_table(pub, right)
         else:
             right.info("No published figures exist for this config; only the exact sums are shown.")
         for note in acc.notes:
-            st.caption(note)
-    with t2:
-        left, right = st.columns(2)
-        left.dataframe(panels.bytes_by_format(acc), hide_index=True, width="stretch")
-        right.dataframe(panels.bytes_by_kind(acc), hide_index=True, width="stretch")
-    with t3:
-        st.plotly_chart(panels.kv_figure(acc), width="stretch", config={"displayModeBar": False})
-    with t4:
-        st.dataframe(panels.role_table(a), hide_index=True, width="stretch")
-    with t5:
-        st.plotly_chart(panels.experts_touched_figure(a), width="stretch", config={"displayModeBar": False})
-        st.caption("Closed form E·(1−(1−k/E)^B) for uniform routing, computed from the config (no live data on this "
-                   "page). The distinct experts a real run read are measured on the Inspect page, Experts panel.")
+            tabs[0].caption(note)
+    if tabs[1].open:
+        left, right = tabs[1].columns(2)
+        show_table(panels.bytes_by_format(acc), left)
+        show_table(panels.bytes_by_kind(acc), right)
+    if tabs[2].open:
+        tabs[2].plotly_chart(panels.kv_figure(acc), width="stretch", config={"displayModeBar": False})
+    if tabs[3].open:
+        tabs[3].dataframe(panels.role_table(a), hide_index=True, width="stretch")
+    if tabs[4].open:
+        tabs[4].plotly_chart(panels.experts_touched_figure(a), width="stretch", config={"displayModeBar": False})
+        tabs[4].caption("Closed form E·(1−(1−k/E)^B) for uniform routing, computed from the config (no live data on "
+                        "this page). The distinct experts a real run read are measured on the Inspect page, Experts "
+                        "panel.")
 
 
-def memory_plan_section(view: ModelView) -> None:
+def memory_plan_section(config_key: str, view: ModelView) -> None:
     """The memory plan of the selected config for the hardware typed in (same numbers as `python -m engine plan`)."""
     st.subheader("Memory plan")
     st.caption("Where the checkpoint, the KV caches and the working buffers go when this config is served on N GPUs "
@@ -208,21 +223,27 @@ def memory_plan_section(view: ModelView) -> None:
     host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, d.host_mem_gib, step=64.0, key="plan_host_mem")
     context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, d.context, step=1024, key="plan_context")
     batch = cols[4].number_input("batch (sequences)", 1, 4096, d.batch, key="plan_batch")
+    hardware = Hardware(gpus=int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
+                        context=int(context), batch=int(batch))
     try:
-        plan = memory_plan(view.args, Hardware(gpus=int(gpus), gpu_mem_gib=float(gpu_mem),
-                                               host_mem_gib=float(host_mem), context=int(context), batch=int(batch)))
+        plan, bars, table, devices = _plan(config_key, id(view), hardware, view)
     except InputError as e:
         st.warning(f"No plan for these inputs: {e}")
         return
     (st.success if plan.fits else st.warning)(plan.summary())
-    st.plotly_chart(plan_panels.device_figure(plan), width="stretch", config={"displayModeBar": False})
+    st.html(bars)
     left, right = st.columns([0.72, 0.28])
-    table = plan_panels.placement_table(plan)
-    left.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1),
-                   column_config={"checkpoint bytes": st.column_config.NumberColumn(format="%d")})
-    right.dataframe(plan_panels.device_table(plan), hide_index=True, width="stretch")
+    show_table(table, left)
+    show_table(devices, right, scroll_height=400)
     with st.expander("How the plan is made", expanded=False):
         st.markdown("\n".join(f"- {note}" for note in plan.notes))
         st.markdown("**Working buffers per GPU**: " + ", ".join(
             f"{k} {human(v, 'B')}" for k, v in plan.working.items()))
-        st.code("\n".join(WORKING_FORMULA), language=None)
+        st.html(preformatted("\n".join(WORKING_FORMULA)))
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _plan(config_key: str, view_id: int, hardware: Hardware, _view: ModelView):
+    """The plan, its chart and its two tables for one config and hardware: the same for every session (~0.2 s)."""
+    plan = memory_plan(_view.args, hardware)
+    return plan, plan_panels.device_bars_svg(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)

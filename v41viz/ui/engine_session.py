@@ -2,6 +2,7 @@
 through a lock whose queue the waiting sessions see; per-session runs live in st.session_state."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -20,6 +21,8 @@ from engine.spec.presets import list_presets
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint:"
+SERVICE_PREFIX = "service:"
+SERVICE_ENV = "V41VIZ_ENGINE"  # engine.serving.client.ADDRESS_ENV, not imported here: that module pulls in torch
 DEFAULT_MODEL = "tiny-v4.1"
 MAX_RANDOM_PARAMS = 1_000_000_000  # presets beyond this are not offered with random weights (V4.1-Flash: 763B)
 WEIGHT_SEED = 0
@@ -31,9 +34,12 @@ class ModelChoice:
     key: str                 # preset name, or "checkpoint:<dir name>"
     config: Path             # its config.json
     checkpoint: Path | None  # None = seeded random weights
+    service: str = ""        # host:port of an engine service (`torchrun ... -m engine.serving`); then config is unused
 
     @property
     def label(self) -> str:
+        if self.service:
+            return f"engine service at {self.service} (torch.distributed ranks)"
         if self.checkpoint is None:
             return f"{self.key} (random weights, seed {WEIGHT_SEED})"
         kind = "official FP8/FP4 checkpoint" if self.official else "trained checkpoint"
@@ -47,8 +53,11 @@ class ModelChoice:
 
 def model_choices(checkpoints: Path = CHECKPOINTS) -> dict[str, ModelChoice]:
     """Every checkpoints/*/ directory with a config.json (this project's checkpoints and official-format
-    folders alike), then the V4.1-family presets small enough to run."""
+    folders alike), then the presets small enough to run; first, when the app was started with V41VIZ_ENGINE=host:port,
+    the engine service there (an N-rank engine under torchrun)."""
     out: dict[str, ModelChoice] = {}
+    if address := os.environ.get(SERVICE_ENV, ""):
+        out[SERVICE_PREFIX + address] = ModelChoice(SERVICE_PREFIX + address, Path(), None, service=address)
     if checkpoints.is_dir():
         for d in sorted(p for p in checkpoints.iterdir() if (p / "config.json").is_file()):
             key = CHECKPOINT_PREFIX + d.name
@@ -61,10 +70,8 @@ def model_choices(checkpoints: Path = CHECKPOINTS) -> dict[str, ModelChoice]:
 
 @lru_cache(maxsize=64)
 def _runnable_preset(path: str) -> bool:
-    """V4.1 family (what the engine runs) and small enough for random weights in memory (cached: the
-    accounting of a full config takes about a second)."""
-    args = load_config(path)
-    return args.family == "v4.1" and account(args).to_json()["params"]["total"] <= MAX_RANDOM_PARAMS
+    """Small enough for random weights in memory (cached: the accounting of a full config takes about a second)."""
+    return account(load_config(path)).to_json()["params"]["total"] <= MAX_RANDOM_PARAMS
 
 
 def card_summary(checkpoint: Path) -> str | None:
@@ -146,7 +153,10 @@ def load_slot(choice: ModelChoice) -> EngineSlot:
     from engine.generation import Engine
     torch.set_num_threads(TORCH_THREADS)
     t0 = time.perf_counter()
-    if choice.checkpoint is None:
+    if choice.service:
+        from engine.serving import RemoteEngine
+        engine = RemoteEngine(choice.service)
+    elif choice.checkpoint is None:
         engine = Engine.load(load_config(choice.config), seed=WEIGHT_SEED)
     else:
         engine = Engine.load(load_config(choice.config), choice.checkpoint)
@@ -154,11 +164,12 @@ def load_slot(choice: ModelChoice) -> EngineSlot:
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
-def _cached_slot(key: str, config: str, checkpoint: str | None) -> EngineSlot:
-    return load_slot(ModelChoice(key, Path(config), None if checkpoint is None else Path(checkpoint)))
+def _cached_slot(key: str, config: str, checkpoint: str | None, service: str = "") -> EngineSlot:
+    return load_slot(ModelChoice(key, Path(config), None if checkpoint is None else Path(checkpoint), service))
 
 
 def engine_slot(choice: ModelChoice) -> EngineSlot:
     """The process-wide slot for a model; the first session to ask loads it behind a timed spinner."""
     with st.spinner(f"Loading {choice.label}: tokenizer, Engram token map, weights…", show_time=True):
-        return _cached_slot(choice.key, str(choice.config), None if choice.checkpoint is None else str(choice.checkpoint))
+        return _cached_slot(choice.key, str(choice.config), None if choice.checkpoint is None else str(choice.checkpoint),
+                            choice.service)

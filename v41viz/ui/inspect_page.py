@@ -1,30 +1,29 @@
-"""Streamlit pieces of the Inspect page: model picker, prompt and settings, streamed generation, replay upload."""
+"""Streamlit pieces of the Inspect page: model picker, prompt and settings, replay upload, the run's summary."""
 from __future__ import annotations
 
 import streamlit as st
 
-from engine.spec.errors import EngineError
-
 from ..inspect.export import trace_from_upload
-from ..inspect.run import SCHEDULES, GenSettings, LiveRun, generate_into, new_trace, settings_line, settings_of
+from ..inspect.run import SCHEDULES, GenSettings, LiveRun, settings_line, settings_of, status_sentence
 from ..inspect.tokens import literal_text_html, whitespace_note
 from . import engine_session
+from .inspect_stream import LIVE, SHOWN
 from .page_links import INSPECT_JUMP
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
-LIVE, LOADED, SHOWN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
-STATUS_STOP = "[data-testid='stStatusWidget'] button"
+LOADED = "inspect_loaded_run"
+UPLOAD_ERROR = "inspect_upload_error"
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 
 
-def model_sidebar() -> engine_session.ModelChoice:
-    """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land)."""
+def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
+    """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land); wanted:
+    the model a link names, for the session's first draw."""
     choices = engine_session.model_choices()
     jump = st.session_state.get(INSPECT_JUMP)
     if jump and jump[0] in choices:  # a diagram box of a runnable config: inspect that model
         st.session_state[MODEL_KEPT] = jump[0]
     if MODEL_KEPT not in st.session_state:
-        wanted = st.query_params.get("model", "")
         st.session_state[MODEL_KEPT] = wanted if wanted in choices else engine_session.default_model(choices)
         if wanted and wanted not in choices:
             st.warning(f"The link asks for model '{wanted}', which this server cannot run; showing "
@@ -34,7 +33,7 @@ def model_sidebar() -> engine_session.ModelChoice:
         st.markdown("### Inspect model")
         st.selectbox("Model to run", list(choices), key=MODEL, format_func=lambda k: choices[k].label,
                      on_change=lambda: st.session_state.update({MODEL_KEPT: st.session_state[MODEL]}))
-        st.caption("Presets of the V4.1 family small enough for this machine, and every `checkpoints/*/` "
+        st.caption("Presets of the V4.1 and V4 families small enough for this machine, and every `checkpoints/*/` "
                    f"directory. The engine runs on CPU with torch threads = {engine_session.TORCH_THREADS}.")
     return choices[st.session_state[MODEL_KEPT]]
 
@@ -45,7 +44,10 @@ def weights_note(slot: engine_session.EngineSlot) -> None:
             f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {slot.engine.source} · "
             f"loaded in {slot.load_s:.1f} s")
     st.markdown(line)
-    if slot.choice.checkpoint is None:
+    if slot.choice.service:
+        st.caption(f"Runs in an engine service of {getattr(slot.engine, 'ranks', 1)} torch.distributed rank(s); "
+                   "rank 0 streams the tokens and gathers the trace.")
+    elif slot.choice.checkpoint is None:
         trained = "the trained `default` checkpoint" if (engine_session.CHECKPOINTS / "default").is_dir() else \
             "a trained checkpoint (none is installed under `checkpoints/`)"
         st.warning(f"This model has {RANDOM_NOTE}. For meaningful experts, gates and drafts pick {trained}.",
@@ -66,9 +68,12 @@ SETTING_KEYS = {"prompt": "inspect_prompt", "max_new_tokens": "inspect_max_new",
                 "threshold": "inspect_threshold"}
 
 
-def restore_settings() -> None:
+def restore_settings(linked: dict[str, object] | None = None) -> None:
     """Put the form's last values (or its defaults) into the widgets' keys before they are drawn; settings a
-    replayed trace recorded take their place."""
+    replayed trace recorded take their place, and on the session's first draw those of a link (GenSettings
+    field names)."""
+    if SAVED not in st.session_state and linked:
+        st.session_state.setdefault(PENDING, {}).update({SETTING_KEYS[k]: v for k, v in linked.items()})
     for key, value in st.session_state.pop(PENDING, {}).items():
         st.session_state[key] = value
     saved = st.session_state.get(SAVED, {})
@@ -77,9 +82,9 @@ def restore_settings() -> None:
             st.session_state[key] = saved.get(key, default)
 
 
-def settings_form(args) -> GenSettings | None:
+def settings_form(args, linked: dict[str, object] | None = None) -> GenSettings | None:
     """The prompt and sampling settings; returns the settings when Generate is pressed."""
-    restore_settings()
+    restore_settings(linked)
     with st.form("inspect_form", border=True):
         prompt = st.text_area("Prompt", key="inspect_prompt", height=90)
         c = st.columns(6)
@@ -104,66 +109,26 @@ def settings_form(args) -> GenSettings | None:
     if not go:
         return None
     return GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k), int(seed),
-                       bool(dspark), schedule, float(threshold), bool(attention))
-
-
-def generate(slot: engine_session.EngineSlot, settings: GenSettings) -> None:
-    """Stream one generation into the page; the run (partial if stopped) stays in the session."""
-    try:
-        settings.check()
-    except EngineError as e:
-        st.error(str(e))
-        return
-    run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source), slot.choice.key, prompt=settings.prompt)
-    st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
-    # One Stop: Streamlit's own top-bar Stop halts the script between tokens without a rerun, which leaves the
-    # page frozen at "Generating…"; the page's Stop reruns and shows the partial run as stopped.
-    st.html(f"<style>{STATUS_STOP} {{display: none}}</style>")
-    st.button("Stop", key="inspect_stop", icon=":material/stop_circle:",
-              help="stops after the current token; the panels show what was generated so far")
-    status, progress = st.empty(), st.progress(0.0)
-    text = st.container(key="inspect_stream", border=True).empty()
-
-    def waiting(ahead: int) -> None:
-        status.info(f"Waiting for the engine: {ahead} generation(s) from other sessions ahead of this one "
-                    "(one generation at a time keeps every session's output exactly what it would be alone).")
-
-    def show(r: LiveRun, _piece: str) -> None:
-        progress.progress(min(r.n_tokens / settings.max_new_tokens, 1.0),
-                          text=f"{r.n_tokens}/{settings.max_new_tokens} tokens · {_rate(r)} · "
-                               f"first token after {r.first_token_s:.2f} s")
-        text.html(literal_text_html(settings.prompt, r.text))
-
-    try:
-        with slot.turn(waiting) as engine:
-            status.caption("Generating… (prefill, then one token per step)")
-            generate_into(engine, settings, run, show)
-    except EngineError as e:  # e.g. a prompt longer than the model's context
-        run.status, run.message = "error", str(e)
-    except BaseException:
-        run.status = "stopped"  # Stop (or any widget change) interrupts the script between tokens
-        raise
-    st.rerun()
+                       bool(dspark) and can_draft, schedule, float(threshold), bool(attention))
 
 
 def replay_upload() -> None:
     """Upload a saved trace (.json, .parquet.zip, .safetensors) to show it in the same panels."""
     file = st.file_uploader("Replay a saved trace", type=["json", "zip", "safetensors"], key="inspect_upload")
     if file is None:
+        st.session_state.pop(UPLOAD_ERROR, None)
         return
     digest = (file.name, file.size, getattr(file, "file_id", ""))
     if st.session_state.get("inspect_upload_seen") == digest:
         return
     st.session_state["inspect_upload_seen"] = digest
     try:
-        trace = trace_from_upload(file.name, file.getvalue())
-    except (EngineError, ValueError) as e:  # ValueError: a parser's own complaint about a corrupt file
-        st.error(f"Could not load {file.name}: {e}")
+        trace = trace_from_upload(file.name, file)
+    except ValueError as e:  # TraceFormatError and the size limit: the message names the file and the problem
+        st.session_state[UPLOAD_ERROR] = f"Could not load {file.name}: {e}"
         return
-    toks = [t for r in trace.rows() for t in trace.tokens(r)]
-    run = LiveRun(trace, str(trace.meta.get("config", "")), source=f"loaded: {file.name}",
-                  prompt=str(trace.meta.get("prompt", "")), status="done",
-                  text="".join(t.text for t in toks if t.generated), n_tokens=sum(t.generated for t in toks))
+    st.session_state.pop(UPLOAD_ERROR, None)
+    run = loaded_run(trace, file.name)
     st.session_state[LOADED], st.session_state[SHOWN] = run, "loaded"
     recorded = settings_of(trace.meta)
     if recorded.get("schedule") not in SCHEDULES:
@@ -174,20 +139,37 @@ def replay_upload() -> None:
     st.rerun()  # the form and the model picker above show the trace's settings
 
 
+def loaded_run(trace, name: str) -> LiveRun:
+    """A replayed trace as a run: its text, token count and how it ended, from the trace alone."""
+    toks = [t for r in trace.rows() for t in trace.tokens(r)]
+    ended = str(trace.meta.get("finish", ""))
+    run = LiveRun(trace, str(trace.meta.get("config", "")), source=f"loaded: {name}",
+                  prompt=str(trace.meta.get("prompt", "")), status="stopped" if ended == "stopped" else "done",
+                  text="".join(t.text for t in toks if t.generated), n_tokens=sum(t.generated for t in toks),
+                  finish=ended if ended in ("length", "stop", "max_seq_len") else "")
+    run.stopped_by = "you" if ended == "stopped" else ""
+    return run
+
+
+def upload_error() -> None:
+    """A rejected trace, said in the main area under the uploader (the page and any shown run stay)."""
+    if message := st.session_state.get(UPLOAD_ERROR):
+        st.error(message, icon=":material/error:")
+
+
 def current_run(model: str) -> LiveRun | None:
     """The run the panels show: the live one or the loaded trace (a switch appears when both exist). A run
     belongs to the model that made it: another model's run is kept for when that model is picked again, but
     never decoded or drawn against this one."""
     live, loaded = st.session_state.get(LIVE), st.session_state.get(LOADED)
-    if live is not None and live.status == "running":
-        live.status = "stopped"  # a rerun found it unfinished: it was interrupted
     runnable = engine_session.model_choices()  # a trace of a model this server cannot run is shown as it is
     others = [r for r in (live, loaded) if r is not None and r.model and r.model != model
               and (r.source == "live" or r.model in runnable)]
     for r in others:
         kind = "live run" if r.source == "live" else r.source
-        st.caption(f":material/history: The previous {kind} is a run of {r.model} ({r.n_tokens} tokens), kept "
-                   f"for when that model is picked again; it is not shown against {model}.")
+        going = " and still generating" if r.active else ""
+        st.caption(f":material/history: The previous {kind} is a run of {r.model} ({r.n_tokens} tokens{going}), "
+                   f"kept for when that model is picked again; it is not shown against {model}.")
     live, loaded = (None if any(r is o for o in others) else r for r in (live, loaded))
     if live is not None and loaded is not None:
         st.segmented_control("Show", ["live", "loaded"], key=SHOWN, required=True,
@@ -199,9 +181,15 @@ def current_run(model: str) -> LiveRun | None:
 
 def run_summary(run: LiveRun) -> None:
     badge = ":material/sensors: live" if run.source == "live" else f":material/folder_open: {run.source}"
-    st.markdown(f"{badge} · status **{run.status}**" + (f" ({run.finish})" if run.finish else ""))
+    away = " · it finished in the background while you were on another page" if run.finished_unwatched else ""
+    st.container(key="inspect_status").markdown(f"{badge} · status: **{status_sentence(run)}**{away}")
     if run.message:
         st.error(run.message)
+    if (bad := run.prompt.find("\ufffd")) >= 0:
+        st.warning(f"Character {bad + 1} of the prompt is U+FFFD, the replacement character: the text held something "
+                   "that is not valid Unicode (such as a lone surrogate or a broken byte), which was replaced before "
+                   "the model saw it. Retype that character if it was meant to be something else.",
+                   icon=":material/warning:")
     st.container(key="inspect_run_settings").caption(settings_line(run.model, run.trace.meta))
     with st.container(key="inspect_output", border=True):
         st.html(literal_text_html(run.prompt, run.text))
@@ -212,6 +200,9 @@ def run_summary(run: LiveRun) -> None:
         c[1].metric("tokens/s after the first", _rate(run).removesuffix(" tokens/s"))
         c[2].metric("click → first token", "–" if run.first_token_s is None else f"{run.first_token_s:.2f} s")
         c[3].metric("total", f"{run.elapsed_s:.2f} s")
+        if run.profile_s and run.first_token_s is not None:
+            st.caption(f"The first token came after {run.first_token_s:.1f} s, of which {run.profile_s:.1f} s profiling "
+                       "this machine for the auto schedule (done once; later runs reuse the stored table).")
 
 
 def _rate(run: LiveRun) -> str:

@@ -6,13 +6,14 @@ import streamlit as st
 
 from engine.trace import Trace, path_order
 
-from ..arch import accounting_panels as panels
 from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
 from ..inspect.export import FORMATS, trace_bytes
-from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, panel_for, related
+from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
-from ..inspect.tokens import labels, token_table
-from .page_links import INSPECT_JUMP, to_diagram_button
+from ..inspect.tokens import labels, token_detail_html, token_table
+from ..inspect.trace_model import shown_text, trace_model
+from . import inspect_link
+from .page_links import to_diagram_button
 
 PANEL, NODE, TOKEN = "inspect_panel", "inspect_node", "inspect_token"
 TOKEN_RUN = "inspect_token_run"   # serial of the run the selected token belongs to
@@ -30,26 +31,16 @@ def module_options(trace: Trace) -> list[str]:
     return [ALL] + sorted(nodes, key=path_order)
 
 
-def selection(run: LiveRun) -> tuple[str, str | None, int]:
-    """(panel, node filter or None, token position) from widgets, seeded by the URL or a diagram jump."""
+def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
+    """(panel, node filter or None, token position) from widgets, seeded by a link or a diagram jump (a node
+    this run lacks is said, with the nearest one of its kind offered)."""
     trace = run.trace
     options = module_options(trace)
     positions = sorted({pos for _, _, r, pos, _ in trace.facts("mhc") + trace.facts("moe") if r == 0})
-    jump = st.session_state.pop(INSPECT_JUMP, None)
-    wanted = jump[1] if jump else (st.query_params.get("node") if NODE not in st.session_state else None)
-    if wanted:
-        if wanted in options:
-            st.session_state[NODE] = wanted
-        else:
-            origin = f" (from the {jump[0]} diagram)" if jump else ""
-            st.warning(f"`{wanted}`{origin} has no recorded data in this run: the inspected model has "
-                       f"{len(trace.paths('mhc'))} traced layers. The {panel_for(wanted) or 'chosen'} panel shows "
-                       "every module instead.")
-            st.session_state[NODE] = ALL
-        st.session_state[PANEL] = panel_for(wanted) or st.session_state.get(PANEL, PANELS[0])
-    if PANEL not in st.session_state:
-        p = st.query_params.get("panel")
-        st.session_state[PANEL] = p if p in PANELS else PANELS[0]
+    if (wanted := inspect_link.node_request(args, model, options)) is not None:
+        st.session_state[NODE] = wanted
+    if st.session_state.get(PANEL) not in PANELS:
+        st.session_state[PANEL] = PANELS[0]
     if st.session_state.get(NODE) not in options:
         st.session_state[NODE] = ALL
     token = selected_token(run, positions)
@@ -57,7 +48,8 @@ def selection(run: LiveRun) -> tuple[str, str | None, int]:
         st.session_state[TOKEN] = token
     c1, c2, c3 = st.columns([3, 2, 3])
     c1.segmented_control("Panel", PANELS, key=PANEL, required=True)
-    c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show")
+    c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show",
+                 on_change=lambda: st.session_state.pop(inspect_link.REQUEST, None))
     names = dict(zip(positions, labels(trace, 0, positions)))
     if positions:
         c3.select_slider("Token", positions, key=TOKEN, format_func=lambda p: names[p])
@@ -70,40 +62,60 @@ def selected_token(run: LiveRun, positions: list[int]) -> int:
     last token (a link's token applies to the first run the page shows); a position the run lacks is clamped."""
     last = positions[-1] if positions else 0
     if st.session_state.get(TOKEN_RUN) != run.serial:
-        first_run = TOKEN_RUN not in st.session_state
         st.session_state[TOKEN_RUN] = run.serial
-        t = st.query_params.get("token", "")
-        return int(t) if first_run and t.isdigit() and int(t) in positions else last
+        linked = inspect_link.take_view("token")
+        if linked is None:
+            return last
+        if linked in positions:
+            return linked
+        st.warning(f"The link's token {linked} is not a position of this run (positions {positions[0] if positions else 0}"
+                   f"–{last}); the nearest one is selected.", icon=":material/link_off:")
+        return min(positions, key=lambda p: abs(p - linked), default=0)
     chosen = st.session_state.get(TOKEN, last)
     return chosen if chosen in positions else min(positions, key=lambda p: abs(p - chosen), default=0)
 
 
-def header(run: LiveRun, config_key: str, node: str | None, what: str, key: str) -> None:
+def token_detail(run: LiveRun, pos: int, token_text) -> None:
+    """The selected token's text, probability under the model and top-k alternatives, under the selector."""
+    st.container(key="inspect_token_detail").html(token_detail_html(run.trace, 0, pos, token_text))
+
+
+def header(run: LiveRun, config_key: str | None, node: str | None, what: str, key: str) -> None:
     c1, c2 = st.columns([3, 1])
     label = (":material/sensors: live data from this session's generation" if run.source == "live"
-             else f":material/folder_open: {run.source} (a saved trace, not a live run)")
+             else f":material/folder_open: {run.source} (a saved trace, not a live run) · drawn from the trace "
+                  f"of {run.model or 'an unnamed model'}")
     c1.caption(f"{label} · {what}")
-    if node:
+    if node and config_key:
         with c2:
             to_diagram_button(config_key, node, key)
 
 
-def experts(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
+def experts(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> None:
     trace, only = run.trace, filter_path(node) if node else None
+    facts = trace_model(trace)
+    if not trace.paths("moe"):
+        st.info("This trace has no MoE routing records.")
+        return
     header(run, config_key, node or (experts_panel.moe_paths(trace) or [None])[0], "MoE routing", "back_experts")
-    st.plotly_chart(experts_panel.choice_heatmap(trace, 0, only), key="experts_heatmap", **CHART)
+    st.plotly_chart(experts_panel.choice_heatmap(trace, 0, only, facts.n_routed_experts), key="experts_heatmap",
+                    **CHART)
     left, right = st.columns(2)
-    left.plotly_chart(experts_panel.load_figure(trace, args.n_routed_experts, only), key="experts_load", **CHART)
-    measured = experts_panel.measured_touched(trace)
-    right.plotly_chart(panels.experts_touched_figure(args, measured=measured), key="experts_touched", **CHART)
+    left.plotly_chart(experts_panel.load_figure(trace, facts.n_routed_experts, only), key="experts_load", **CHART)
+    right.plotly_chart(experts_panel.touched_figure(trace), key="experts_touched", **CHART)
     right.caption("Measured: distinct experts per backbone layer read by B consecutive tokens of this run.")
-    st.markdown(f"**Top-{args.n_activated_experts} per layer for token {labels(trace, 0, [pos])[0]}**")
+    st.markdown(f"**Top-{facts.n_activated_experts} per layer for token {labels(trace, 0, [pos])[0]}**")
     st.dataframe(experts_panel.token_topk(trace, 0, pos), hide_index=True, width="stretch")
 
 
-def mhc(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
+def mhc(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> dict[str, str]:
     trace = run.trace
     layers = [p for p in trace.paths("mhc") if related(p, filter_path(node) if node else None)] or trace.paths("mhc")
+    if not layers:
+        st.info("This trace has no mHC records.")
+        return {}
+    _seed("mhc_layer", inspect_link.take_view("layer"), layers)
+    _seed("mhc_site", inspect_link.take_view("seam"), ["attn", "ffn"])
     c1, c2 = st.columns([3, 1])
     layer = c1.select_slider("Layer", layers, key="mhc_layer") if len(layers) > 1 else layers[0]
     site = mhc_site(node) if node and mhc_site(node) else c2.radio("Seam", ["attn", "ffn"], horizontal=True, key="mhc_site")
@@ -114,14 +126,17 @@ def mhc(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
     left, right = st.columns(2)
     left.plotly_chart(mhc_panel.residual_figure(trace), key="mhc_residuals", **CHART)
     right.plotly_chart(mhc_panel.gain_figure(trace, 0, pos), key="mhc_gain", **CHART)
+    return {"layer": layer, "seam": site}
 
 
-def engram(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> None:
+def engram(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> dict[str, str]:
     trace = run.trace
     paths = engram_panel.engram_paths(trace, filter_path(node) if node else None) or engram_panel.engram_paths(trace)
     if not paths:
         st.info("This trace has no Engram records (the model has no Engram layers).")
-        return
+        return {}
+    linked = inspect_link.take_view("layer")
+    _seed("engram_path", f"{linked}.engram" if linked else None, paths)
     path = st.radio("Engram layer", paths, horizontal=True, key="engram_path") if len(paths) > 1 else paths[0]
     header(run, config_key, path, "Engram memory", "back_engram")
     st.markdown("**Text shaded by the mean gate** (hover a token for its value)")
@@ -135,11 +150,20 @@ def engram(run: LiveRun, args, config_key: str, node: str | None, pos: int) -> N
             st.info("No Engram record at this token.")
         else:
             st.caption(f"compressed token id {int(rec['compressed_ids'])}; rows by n-gram order × head")
-            st.dataframe(engram_panel.rows_table(trace, args, path, 0, pos), width="stretch")
+            st.dataframe(engram_panel.rows_table(trace, trace_model(trace), path, 0, pos), width="stretch")
     right.dataframe(engram_panel.token_summary(trace, path), hide_index=True, width="stretch", height=300)
+    return {"layer": ".".join(path.split(".")[:2])}
 
 
-def dspark(run: LiveRun, config_key: str, token_text) -> None:
+def _seed(key: str, value: str | None, options: list[str]) -> None:
+    """Put a link's choice into a widget's key (once), and drop a kept value the options no longer hold."""
+    if value is not None and value in options:
+        st.session_state[key] = value
+    elif st.session_state.get(key) is not None and st.session_state[key] not in options:
+        del st.session_state[key]
+
+
+def dspark(run: LiveRun, config_key: str | None, token_text) -> None:
     trace = run.trace
     if not trace.dspark_steps:
         st.info("No DSpark steps in this run: turn DSpark on in the settings and generate again.")
@@ -151,6 +175,7 @@ def dspark(run: LiveRun, config_key: str, token_text) -> None:
     c[1].metric("mean accepted length", f"{m.mean_accepted_length:.2f}")
     c[2].metric("acceptance rate", f"{m.acceptance_rate:.2f}")
     c[3].metric("tokens / target forward", f"{m.tokens_per_forward:.2f}")
+    token_text = shown_text(token_text)
     st.html(dspark_panel.steps_html(trace, token_text))
     st.caption("Boxed: the anchor. Green: accepted, red: rejected, grey: not verified; → the target's token.")
     left, mid, right = st.columns(3)
@@ -161,7 +186,7 @@ def dspark(run: LiveRun, config_key: str, token_text) -> None:
         st.dataframe(dspark_panel.steps_table(trace, token_text), hide_index=True, width="stretch")
 
 
-def attention(run: LiveRun, config_key: str, node: str | None, pos: int) -> None:
+def attention(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> None:
     trace, only = run.trace, filter_path(node) if node else None
     if not trace.paths("attention"):
         st.info("Attention facts are opt-in: turn on 'trace attention' and generate again.")
@@ -176,10 +201,12 @@ def attention(run: LiveRun, config_key: str, node: str | None, pos: int) -> None
         st.info("No indexer picks at this token (too few compressed entries yet, or no indexed layer).")
 
 
-def tokens(run: LiveRun) -> None:
-    with st.expander("Tokens (id, probability, top-k alternatives, step time)"):
-        st.dataframe(token_table(run.trace), hide_index=True, width="stretch")
-
+def tokens(run: LiveRun, token_text) -> None:
+    with st.expander("Tokens (text, id, probability under the model, top-k alternatives, step time)"):
+        st.caption("Prompt tokens: the probability the model gave each one given the tokens before it "
+                   "(teacher-forced, from the prompt's logits). Generated tokens: the probability in the distribution "
+                   "they were drawn from, before temperature and top-k/top-p. Spaces show as ·, line breaks as ⏎.")
+        st.dataframe(token_table(run.trace, 0, token_text), hide_index=True, width="stretch")
 
 
 def export(run: LiveRun) -> None:

@@ -36,7 +36,7 @@ def to_inspect_button(config_key: str, node: str) -> None:
         return
     if st.button(f"Inspect `{node}` live → {panel} panel", key="to_inspect", icon=":material/monitoring:"):
         st.session_state[INSPECT_JUMP] = (config_key, node)
-        st.switch_page("pages/inspect.py", query_params={"node": node, "panel": panel})
+        st.switch_page("pages/inspect.py", query_params={"node": node, "panel": panel, "arch": config_key})
 
 
 def to_diagram_button(config_key: str, node: str, key: str) -> None:

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import hashlib
-import json
 
 import streamlit as st
 
-from engine.spec.config import ConfigError, ModelArgs, config_from_dict, load_config
+from engine.spec.config import ConfigError, ModelArgs, config_from_text, load_config
+from engine.spec.errors import EngineError
+from engine.spec.limits import CONFIG_MAX_BYTES
 from engine.spec.presets import list_presets
 
 from ..arch.model_view import ModelView, build_view
+from .plain_text import literal, short_name
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
 CHOICE = "config_choice"     # session key of the chosen config (plain state: survives page switches)
@@ -19,17 +21,13 @@ ERROR = "config_error"       # session key: (page title, message) of the last re
 
 
 def parse_upload(name: str, data: bytes) -> ModelArgs:
-    """Bytes of an uploaded config.json → ModelArgs, or ConfigError naming the problem."""
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{name}: not UTF-8 text (is this really a config.json?)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{name}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    try:
-        return config_from_dict(raw, name=name.removesuffix(".json"))
-    except ConfigError as e:
-        raise ConfigError(f"{name}: {e}") from None
+    """Bytes of an uploaded config.json → ModelArgs, or ConfigError naming the file and the problem. The size is
+    checked before anything is parsed (the uploader and the server cap it too)."""
+    shown = short_name(name)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"{shown}: {len(data):,} bytes; a config.json has at most {CONFIG_MAX_BYTES:,} bytes "
+                          "(real ones are a few KB)")
+    return config_from_text(data, name=short_name(name.removesuffix(".json")), source=shown)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Building the model graph and accounting…")
@@ -39,7 +37,7 @@ def _preset_view(name: str) -> ModelView:
     return build_view(load_config(list_presets()[name]))
 
 
-@st.cache_resource(max_entries=8, show_spinner="Building the model graph and accounting…")
+@st.cache_resource(max_entries=4, show_spinner="Building the model graph and accounting…")
 def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
     return build_view(_args)
 
@@ -71,11 +69,12 @@ def config_sidebar(page: str) -> None:
             st.session_state[CHOICE] = DEFAULT_CONFIG
             if wanted.startswith(UPLOAD_PREFIX):
                 st.session_state["config_notice"] = (f"The link points to an uploaded config "
-                                                     f"({wanted.removeprefix(UPLOAD_PREFIX)}) that this browser "
-                                                     "session does not have; upload it again. Showing "
+                                                     f"({literal(wanted.removeprefix(UPLOAD_PREFIX))}) that this "
+                                                     "browser session does not have; upload it again. Showing "
                                                      f"{DEFAULT_CONFIG} meanwhile.")
             else:
-                st.session_state["config_notice"] = f"Unknown config '{wanted}' in the link; showing {DEFAULT_CONFIG}."
+                st.session_state["config_notice"] = (f"Unknown config '{literal(wanted)}' in the link; showing "
+                                                     f"{DEFAULT_CONFIG}.")
     file = st.session_state.get("config_upload")  # the uploader's file is known before it is drawn
     if file is not None:
         _take_upload(page, file.name, file.getvalue(), uploads)
@@ -85,11 +84,13 @@ def config_sidebar(page: str) -> None:
         st.markdown("### Model config")
         st.session_state[WIDGET] = st.session_state[CHOICE]
         st.selectbox("Config", presets + list(uploads), key=WIDGET, on_change=_copy_choice,
-                     format_func=lambda k: k.removeprefix(UPLOAD_PREFIX) + (" (uploaded)" if k in uploads else ""))
-        st.file_uploader("…or upload a config.json", type=["json"], key="config_upload")
-        if error := st.session_state.get(ERROR):
-            st.error(error[1])
+                     format_func=lambda k: short_name(k.removeprefix(UPLOAD_PREFIX))
+                     + (" (uploaded)" if k in uploads else ""))
+        st.file_uploader("…or upload a config.json", type=["json"], key="config_upload",
+                         max_upload_size=max(1, CONFIG_MAX_BYTES >> 20))
         st.caption("Presets live in `configs/`. Uploaded configs stay in this browser session only.")
+    if error := st.session_state.get(ERROR):  # in the main area, above the page, which keeps showing the last config
+        st.error(error[1], icon=":material/error:")
 
 
 def _copy_choice() -> None:
@@ -102,12 +103,21 @@ def _take_upload(page: str, name: str, data: bytes, uploads: dict) -> None:
     if st.session_state.get("config_upload_digest") == digest:
         return  # already handled this file
     st.session_state["config_upload_digest"] = digest
+    key = UPLOAD_PREFIX + name
     try:
         args = parse_upload(name, data)
-    except ConfigError as e:
-        st.session_state[ERROR] = (page, f"Upload rejected — {e}")
+        _upload_view(key, digest, args)   # built now, so a config that cannot be drawn is refused here
+    except EngineError as e:
+        message = str(e).rstrip()
+        message += "" if message.endswith((".", "?", "!")) else "."
+        st.session_state[ERROR] = (page, f"Upload rejected — {literal(message)} The page keeps showing the config "
+                                         "it showed before.")
         return
-    key = UPLOAD_PREFIX + name
+    except MemoryError:
+        st.session_state[ERROR] = (page, f"Upload rejected — {literal(short_name(name))}: describing this config "
+                                         "needs more memory than the server has. The page keeps showing the config "
+                                         "it showed before.")
+        return
     uploads[key] = (digest, args)
     st.session_state.pop(ERROR, None)
     st.session_state[CHOICE] = key
@@ -141,4 +151,4 @@ def args_for(key: str) -> ModelArgs:
     uploads = st.session_state.get(UPLOADS, {})
     if key in uploads:
         return uploads[key][1]
-    return _preset_view(key).args
+    return _preset_args()[key]

@@ -1,0 +1,60 @@
+"""A generation that runs in its own thread, so that it survives the page that started it: a rerun, a widget
+change or a visit to another page only stops the page from watching; Stop (or a new Generate) ends it."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+
+from engine.spec.errors import EngineError
+
+from .run import GenSettings, LiveRun, StopRequested, generate_into
+from .trace_model import record_texts
+
+
+def start(slot, settings: GenSettings, run: LiveRun) -> threading.Thread:
+    """Run the generation in a daemon thread: wait for the engine's turn, generate into `run` (its status,
+    phase and text change as it goes), and end as done, stopped or error. The thread touches no Streamlit
+    state; pages read `run` as they please."""
+    run.max_new_tokens, run.phase = settings.max_new_tokens, "queued"
+
+    def waiting(ahead: int) -> None:
+        run.ahead = ahead
+        if run.stop_requested.is_set():
+            raise StopRequested
+
+    def on_piece(r: LiveRun, _piece: str) -> None:
+        if r.stop_requested.is_set():
+            raise StopRequested
+
+    def body() -> None:
+        try:
+            with slot.turn(waiting, poll_s=0.05) as engine:
+                try:
+                    generate_into(engine, settings, run, on_piece)
+                finally:
+                    record_texts(run.trace, engine.tokenizer.token_text)
+        except StopRequested:
+            run.status, run.stopped_by = "stopped", "you"
+        except EngineError as e:  # e.g. a prompt longer than the model's context
+            run.status, run.message = "error", str(e)
+        except Exception as e:  # a bug: say so on the page (and in the server log) instead of losing the run
+            traceback.print_exc(file=sys.stderr)
+            run.status, run.message = "error", f"The generation failed unexpectedly: {type(e).__name__}: {e}"
+        finally:
+            run.elapsed_s = time.perf_counter() - run.started
+            run.trace.meta["finish"] = run.finish if run.status == "done" else run.status
+            run.phase, run.finished_at = "", time.perf_counter()
+
+    thread = threading.Thread(target=body, name=f"inspect-run-{run.serial}", daemon=True)
+    run.thread = thread
+    thread.start()
+    return thread
+
+
+def stop(run: LiveRun, wait_s: float = 30.0) -> None:
+    """Ask a running generation to stop after its current step, and wait (bounded) until it has."""
+    run.stop_requested.set()
+    if run.thread is not None:
+        run.thread.join(wait_s)
