@@ -448,3 +448,24 @@ def test_prompt_probabilities_do_not_depend_on_the_chunking(slot, monkeypatch):
         return [t.logprob for t in trace.tokens(0) if not t.generated][1:]
     whole, chunked = probabilities(2**30), probabilities(3 * slot.args.vocab_size)   # 3 positions per chunk
     assert len(whole) == len(ids) - 1 and np.allclose(whole, chunked, atol=1e-4)
+
+
+def test_a_v4_run_labels_its_hash_routed_layers_and_routes_by_token_id():
+    """V4 presets run in the app; the experts heatmap marks the first n_hash_layers MoE layers as hash-routed, and
+    there each token's experts are its row of the tid2eid table."""
+    v4 = engine_session.load_slot(engine_session.model_choices()["tiny-v4"])
+    settings = GenSettings(PROMPT, max_new_tokens=4)
+    run = LiveRun(new_trace(settings, "tiny-v4", v4.engine.source, v4.args), "tiny-v4", prompt=PROMPT)
+    with v4.turn() as engine:
+        generate_into(engine, settings, run, lambda r, p: None)
+    hashed = v4.args.n_hash_layers
+    assert hashed > 0
+    paths = experts_panel.moe_paths(run.trace)
+    labels = list(experts_panel.choice_heatmap(run.trace).data[0].y)
+    assert labels[:hashed] == [f"{p} (hash-routed)" for p in paths[:hashed]]
+    assert not any("hash" in label for label in labels[hashed:])
+    table = v4.engine.model.layers[0].ffn.gate.tid2eid
+    prompt_ids = v4.engine.encode(PROMPT, True)
+    positions, ids, _, _ = experts_panel.choice_grid(run.trace, 0, paths[:1])
+    for j, pos in enumerate(positions[:len(prompt_ids)]):
+        assert sorted(ids[0, j].tolist()) == sorted(table[prompt_ids[pos]].tolist())

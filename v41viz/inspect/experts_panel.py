@@ -52,7 +52,9 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_expert
     z = np.where(top >= 0, top, np.nan).astype(float)
     x = axis_labels(trace, row, positions)
     ticks = list(range(0, n, max(1, -(-n // 16))))
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=paths, text=text, textfont=dict(size=9),
+    hashed = trace_model(trace).n_hash_layers  # V4: these layers pick experts from the token id (tid2eid)
+    y = [f"{p} (hash-routed)" if p.startswith("layers.") and int(p.split(".")[1]) < hashed else p for p in paths]
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, text=text, textfont=dict(size=9),
                                texttemplate="%{text}" if len(positions) <= 24 else "",  # narrow cells: hover only
                                customdata=hover, hovertemplate="%{y} · %{customdata}<extra></extra>",
                                colorscale=categorical_scale(n), zmin=-0.5, zmax=n - 0.5, xgap=1, ygap=1,

@@ -17,12 +17,13 @@ class TraceModel:
     n_routed_experts: int        # 0 when the trace has no MoE records
     n_activated_experts: int
     engram_max_ngram_size: int   # 0 when unknown (the hashed rows are then listed without orders)
+    n_hash_layers: int = 0       # V4: the first n MoE layers route by a token-id table (tid2eid), not by scores
 
 
 def model_facts(args) -> dict[str, int]:
     """What a run writes into its trace's meta so that a replay needs no loaded model."""
     return {"n_routed_experts": int(args.n_routed_experts), "n_activated_experts": int(args.n_activated_experts),
-            "engram_max_ngram_size": int(args.engram_max_ngram_size)}
+            "engram_max_ngram_size": int(args.engram_max_ngram_size), "n_hash_layers": int(args.n_hash_layers)}
 
 
 def trace_model(trace: Trace) -> TraceModel:
@@ -38,7 +39,7 @@ def trace_model(trace: Trace) -> TraceModel:
     rows = next((v[1].size for *_, v in trace.facts("engram")), 0)
     if ngram < 2 or (rows and rows % (ngram - 1)):
         ngram = 0
-    return TraceModel(str(meta.get("config", "")), experts, k, ngram)
+    return TraceModel(str(meta.get("config", "")), experts, k, ngram, _int(meta.get("n_hash_layers")))
 
 
 def record_texts(trace: Trace, token_text: Callable[[int], str]) -> None:
