@@ -12,19 +12,25 @@ COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "
             "plan", "quantize", "limits")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand with its help line; the options only of `chosen` (all when None). Some commands' options
+    come from torch-backed classes, so building only the chosen one keeps `info`, `tokenizer`, `plan` and `limits`
+    free of torch."""
     parser = argparse.ArgumentParser(prog="python -m engine", description="DeepSeek-V4.1 engine and inspector")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f".commands.{name}", __package__)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(p)
+        if chosen is None or name == chosen:
+            module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(chosen if chosen in COMMANDS else None).parse_args(argv)
     try:
         return args.run(args) or 0
     except EngineError as e:  # bad input; anything else is a bug and keeps its traceback
