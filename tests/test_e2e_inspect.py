@@ -170,7 +170,8 @@ def test_stop_keeps_the_tokens_so_far(server, browser, screenshots):
     page.get_by_label("max new tokens").fill("300")
     page.get_by_label("max new tokens").press("Tab")
     page.get_by_role("button", name="Generate").click()
-    page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^[3-9]/300 tokens")).wait_for(timeout=60_000)
+    page.locator("[data-testid='stProgress']").get_by_text(re.compile(r"^([3-9]|[1-9]\d)/300 tokens")).wait_for(
+        timeout=60_000)  # 3 to 99 tokens: a busy browser may skip the updates of single tokens
     page.locator(".st-key-inspect_stop button").first.click()
     page.get_by_text(STOPPED_BY_USER).wait_for(timeout=30_000)
     settled(page)
