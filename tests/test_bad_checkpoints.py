@@ -391,8 +391,8 @@ def test_a_symlink_inside_the_folder_and_a_hugging_face_cache_snapshot_load(good
     ('{"metadata": {}}', "not a safetensors index: it has no 'weight_map'"),
     ('{"weight_map": []}', "'weight_map' must be a non-empty object mapping tensor names to shard files"),
     ('{"weight_map": {"norm.weight": 3}}', "'weight_map' maps 'norm.weight' to 3"),
-    ("[" * 100_000 + "]" * 100_000, "not a safetensors index: not JSON (nested too deeply)"),
-    ('{"weight_map": {"norm.weight": "a.safetensors"', "not a safetensors index: not JSON"),
+    ("[" * 100_000 + "]" * 100_000, "not a JSON shard index (nested too deeply)"),
+    ('{"weight_map": {"norm.weight": "a.safetensors"', "not a JSON shard index"),
 ])
 def test_malformed_index(ckpt, content, message):
     index = shard_index(ckpt)
@@ -404,7 +404,7 @@ def test_index_beyond_the_size_limit_is_not_read(ckpt):
     index = shard_index(ckpt)
     with open(index, "r+b") as f:
         f.truncate(MAX_INDEX_BYTES + 1)   # sparse: nothing of it is written
-    refused(ckpt, f"{index}: {MAX_INDEX_BYTES + 1:,} bytes, more than the {MAX_INDEX_BYTES >> 20} MiB")
+    refused(ckpt, f"{index}: more than the {MAX_INDEX_BYTES >> 20} MiB a shard index may have")
 
 
 def test_index_naming_missing_shards_and_tensors(ckpt):

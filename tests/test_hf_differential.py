@@ -23,6 +23,7 @@ import pytest
 import torch
 import transformers  # noqa: F401  (the oracle: its absence must fail the suite, not skip it)
 
+from engine.checkpoint.errors import CheckpointError
 from engine.checkpoint.hf_layout import hf_folder, load_hf_checkpoint
 from engine.model import EngineOptions, Transformer, init_weights
 from engine.model.indexer import Indexer
@@ -156,3 +157,17 @@ def test_a_transformers_checkpoint_loads(original_format, tmp_path):
     tokens = random_tokens(1, prompt, seed=3, vocab=model.args.vocab_size)
     with torch.no_grad():
         assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+
+
+def test_a_transformers_checkpoint_with_a_bad_hash_table_is_refused(tmp_path):
+    """A `tid2eid` id past the last expert (transformers saves it without complaint) is refused at load, naming
+    the tensor (official name), the ids it holds and the gate's range."""
+    changes, _, _ = CASES["hash-csa-hca"]
+    model = engine_model(changes)
+    n_experts = model.args.n_routed_experts
+    with torch.no_grad():
+        model.layers[0].ffn.gate.tid2eid[3, 1] = n_experts + 2
+    hf_twin(model).save_pretrained(tmp_path / "hf")
+    with pytest.raises(CheckpointError, match=rf"'layers\.0\.ffn\.gate\.tid2eid' names expert ids 0\.\.{n_experts + 2}, "
+                                              rf"outside the 0\.\.{n_experts - 1}"):
+        load_hf_checkpoint(tmp_path / "hf", options=EXACT)

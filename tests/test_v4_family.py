@@ -208,3 +208,28 @@ def test_official_layout(drafter, tmp_path):
         prompts = [[0, 5, 7, 9], [0, 3, 3]]
         plain = generate(quantized, prompts, max_new_tokens=8, seed=0)
         assert generate_speculative(quantized, prompts, max_new_tokens=8, seed=0).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("layout", ["project", "official"])
+def test_a_hash_table_naming_experts_the_gate_lacks_is_refused(model, layout, tmp_path):
+    """A `tid2eid` entry past the last expert would index beyond the expert list at run time: both loaders refuse
+    it up front, naming the tensor, the ids it holds and the range the gate has."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.checkpoint.errors import CheckpointError
+    save_checkpoint(model, tmp_path / "src")
+    folder = tmp_path / "src"
+    if layout == "official":
+        folder = write_official(tmp_path / "src", tmp_path / "official").folder
+    name = "layers.1.ffn.gate.tid2eid"
+    n_experts = model.args.n_routed_experts
+    file = next(f for f in sorted(folder.glob("*.safetensors")) if name in load_file(f))
+    tensors = load_file(file)
+    tensors[name] = tensors[name].clone()
+    tensors[name][7, 0] = n_experts            # one id past the last expert
+    save_file(tensors, file)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(folder) if layout == "project" else load_official_model(folder)
+    message = str(caught.value)
+    assert f"'{name}' names expert ids 0..{n_experts}" in message and f"0..{n_experts - 1}" in message
+    assert file.name in message

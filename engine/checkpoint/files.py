@@ -2,6 +2,7 @@
 the shard index against them, the stored tensors as memory-mapped views, and the check of names, shapes and dtypes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ def read_header(files: list[Path]) -> dict[str, tuple[Path, torch.dtype, tuple[i
 
 
 def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path, torch.dtype, tuple[int, ...]]],
-                  where: str) -> None:
-    """Raise CheckpointError naming every missing, unexpected, mis-shaped or mis-typed tensor."""
+                  where: str, compatible: Callable[[torch.dtype, torch.dtype], bool] | None = None) -> None:
+    """Raise CheckpointError naming every missing, unexpected, mis-shaped or mis-typed tensor. compatible(stored,
+    wanted): which stored dtypes the model's tensors take (default: any float precision for a float, integers exact)."""
+    compatible = compatible or _compatible
     problems = []
     missing = [n for n in expected if n not in found]
     extra = [n for n in found if n not in expected]
@@ -87,7 +90,7 @@ def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path
         _, dt, shape = found[name]
         if shape != tuple(t.shape):
             problems.append(f"'{name}' has shape {list(shape)}, the model expects {list(t.shape)}")
-        if not _compatible(dt, t.dtype):
+        if not compatible(dt, t.dtype):
             problems.append(f"'{name}' is stored as {_short(dt)}, the model expects {_short(t.dtype)}")
     if problems:
         raise CheckpointError(f"{where} does not fit the model: " + "; ".join(problems))

@@ -12,10 +12,11 @@ from ..spec.config import ModelArgs, config_from_dict
 from ..spec.errors import ConfigError
 from ..spec.hf_config import is_hf_v4
 from .errors import CheckpointError
-from .files import check_index, checkpoint_files, read_header, stored_tensors
+from .files import check_against, check_index, checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
 from .hf_names import from_hf
 from .paths import existing
+from .table_range import check_table_range
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -57,39 +58,18 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, 
     tensors = from_hf({name: t for name, (_, t) in stored.items()})
     model = Transformer(args, dtype=dtype, device=device, options=options)
     state = model.state_dict()
-    _check(state, tensors, folder)
+    found = {name: (folder, t.dtype, tuple(t.shape)) for name, t in tensors.items()}
+    check_against(state, found, f"{folder} (official names shown)", compatible=same_kind)
     for name, t in tensors.items():
         check_finite(t, name, where.get(name, str(folder)))
+        check_table_range(state, name, t, where.get(name, str(folder)))
     with torch.no_grad():
         for name, t in tensors.items():
             state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
     return args, prepare_for_inference(model)
 
 
-def _check(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], folder: Path) -> None:
-    problems = []
-    missing = [n for n in state if n not in tensors]
-    extra = [n for n in tensors if n not in state]
-    if missing:
-        problems.append(f"missing {len(missing)} tensor(s): {_few(missing)}")
-    if extra:
-        problems.append(f"unexpected {len(extra)} tensor(s): {_few(extra)}")
-    for name, t in tensors.items():
-        target = state.get(name)
-        if target is None:
-            continue
-        if tuple(t.shape) != tuple(target.shape):
-            problems.append(f"'{name}' has shape {list(t.shape)}, the model expects {list(target.shape)}")
-        elif target.is_floating_point() != t.is_floating_point():
-            problems.append(f"'{name}' is stored as {t.dtype}, the model expects {target.dtype}")
-        elif name.endswith(".gate.tid2eid"):
-            n_experts = state[name.removesuffix("tid2eid") + "weight"].size(0)
-            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n_experts):
-                problems.append(f"'{name}' names expert ids {int(t.min())}..{int(t.max())}, outside 0..{n_experts - 1}")
-    if problems:
-        raise CheckpointError(f"{folder} does not fit the model (official names shown): " + "; ".join(problems))
-
-
-def _few(names: list[str], limit: int = 8) -> str:
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(f"'{n}'" for n in names[:limit]) + more
+def same_kind(stored: torch.dtype, wanted: torch.dtype) -> bool:
+    """transformers may store an integer table in another width (an I32 `tid2eid` for the model's I64 buffer):
+    floats take floats, integers integers."""
+    return stored.is_floating_point == wanted.is_floating_point

@@ -2,9 +2,9 @@
 shard files that all lie inside the checkpoint folder."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..spec.json_file import read_json_file
 from .errors import CheckpointError
 from .paths import shard_inside
 
@@ -15,17 +15,7 @@ MAX_SHARDS = 10_000          # releases ship 48 (V4-Flash) to 163 (V3) shards; e
 def read_weight_map(index: Path) -> dict[str, str]:
     """tensor name → shard file name, checked: a JSON object with a 'weight_map' object of strings, every shard
     inside the index's folder (paths.shard_inside). CheckpointError naming the index and the problem."""
-    try:
-        size = index.stat().st_size
-        if size > MAX_INDEX_BYTES:
-            raise CheckpointError(f"{index}: {size:,} bytes, more than the {MAX_INDEX_BYTES >> 20} MiB a shard index "
-                                  "may have")
-        raw = json.loads(index.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise CheckpointError(f"{index}: cannot read the shard index ({e.strerror or e})") from None
-    except (ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise CheckpointError(f"{index}: not a safetensors index: not JSON ({reason})") from None
+    raw = read_json_file(index, "shard index", MAX_INDEX_BYTES, CheckpointError)
     if not isinstance(raw, dict):
         raise CheckpointError(f"{index}: not a safetensors index: it is a JSON {type(raw).__name__}, not an object "
                               "with a 'weight_map'")

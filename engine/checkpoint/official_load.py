@@ -16,6 +16,7 @@ from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint
 from .official_layout import CONFIG_NAME, QUANTIZED_CODES, scale_block, scale_name, weight_name
+from .table_range import check_table_range
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -57,8 +58,8 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
     * every module with `host_resident = True` gets its tensors as RowSources: `module.attach(weight=…, scale=…)`.
     Every tensor's name, dtype and shape is checked (OfficialCheckpoint.locate) before anything is modified. The
     values are checked as they are copied, in the one pass that reads them (finite.py: NaN / Inf, NaN codes, scales
-    that overflow their block; a dequantized weight after dequantization): a damaged tensor stops the load with
-    CheckpointError and leaves the model partly filled (load_official_model discards it). Host-resident rows are
+    that overflow their block, a dequantized weight after dequantization; table_range.py: hash-routing expert ids):
+    a damaged tensor stops the load with CheckpointError and leaves the model partly filled (load_official_model discards it). Host-resident rows are
     checked as they are read (ShardRows). Returns the metadata."""
     ckpt = OfficialCheckpoint(path)
     args = args or model.args
@@ -71,7 +72,7 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
         for name, stored in ckpt.tensors({n: located[n] for n in plan.stored}):
             if name in plan.dequantized:
                 stored = _dequantize(name, stored, scales.pop(scale_name(name)), located[name].spec, args)
-            _check_values(name, stored, located)
+            _check_values(name, stored, located, state)
             state[name].copy_(stored)
             del stored  # drop the view so that the mapping's pages can go
     for prefix, names in plan.host.items():
@@ -129,11 +130,14 @@ def _dequantized(state: dict[str, torch.Tensor], inventory: dict[str, TensorSpec
     return dequantized, problems
 
 
-def _check_values(name: str, stored: torch.Tensor, located: dict[str, Located]) -> None:
+def _check_values(name: str, stored: torch.Tensor, located: dict[str, Located],
+                  state: dict[str, torch.Tensor]) -> None:
     """A tensor as the model holds it must be finite (a dequantized weight is checked after dequantization, which
-    covers its scale); a scale kept as stored must not overflow its weight's blocks."""
+    covers its scale), a routing table must name experts the model has, and a scale kept as stored must not
+    overflow its weight's blocks."""
     where = str(located[name].shard)
     check_finite(stored, name, where)
+    check_table_range(state, name, stored, where)
     if located[name].spec.is_scale and weight_name(name) in located:
         check_scale_range(stored, name, located[weight_name(name)].spec.dtype, where)
 

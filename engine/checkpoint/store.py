@@ -14,6 +14,7 @@ from .files import FLOAT_DTYPES, WEIGHTS_NAME, check_against, check_index, check
 from .finite import check_finite
 from .official_layout import official_folder
 from .paths import existing
+from .table_range import check_table_range
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -115,9 +116,9 @@ def _weights_folder(path: str | Path) -> Path:
 
 
 def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> dict[str, Any]:
-    """Check every tensor against model.state_dict() (names, shapes, dtypes) and every value for NaN / Inf,
-    then copy them in (cast to the model's dtype). Nothing is modified unless the whole checkpoint fits and
-    is finite: the tensors are memory-mapped views, all checked before the first is copied. prefix: only the
+    """Check every tensor against model.state_dict() (names, shapes, dtypes), every value for NaN / Inf and every
+    routing table for expert ids the model lacks (table_range.py), then copy them in (cast to the model's dtype).
+    Nothing is modified unless the whole checkpoint fits and is finite: the tensors are memory-mapped views, all checked before the first is copied. prefix: only the
     tensors whose names start with it, on both sides (e.g. "mtp." to take another checkpoint's drafter).
     Returns the file metadata."""
     files = checkpoint_files(path)
@@ -132,6 +133,7 @@ def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> 
     stored = list(stored_tensors(files, prefix, metadata))   # views of the memory-mapped files
     for file, name, tensor in stored:
         check_finite(tensor, name, str(file))
+        check_table_range(state, name, tensor, str(file))
     with torch.no_grad():
         for _, name, tensor in stored:
             target = state[name]

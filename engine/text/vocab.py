@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..spec.errors import InputError, MissingFileError
+from ..spec.json_file import read_json_file
 from .tokenizer import BOS_ID, EOS_ID, NOISE_ID, PAD_ID, Tokenizer, byte_level_alphabet
 
 # Special tokenizer ids every reduced vocabulary keeps: the model and DSpark use them even if the text never does.
@@ -145,16 +146,7 @@ class IdMap:
         tokenizer ids and an integer (or null) 'min_count'; MissingFileError if it cannot be read."""
         path = Path(path)
         path = path / ID_MAP_NAME if path.is_dir() else path
-        try:
-            if path.stat().st_size > MAX_ID_MAP_BYTES:
-                raise InputError(f"{path}: {path.stat().st_size:,} bytes, more than the {MAX_ID_MAP_BYTES >> 20} MiB "
-                                 "an id map may have")
-            raw = json.loads(path.read_bytes().decode("utf-8"))
-        except OSError as e:
-            raise MissingFileError(f"{path}: cannot read the id map ({e.strerror or e})") from None
-        except (ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
-            reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            raise InputError(f"{path}: not a JSON id map ({reason})") from None
+        raw = read_json_file(path, "id map", MAX_ID_MAP_BYTES, InputError, unreadable=MissingFileError)
         if not isinstance(raw, dict):
             raise InputError(f"{path}: not a v41viz id map: it is a JSON {type(raw).__name__}, not an object with "
                              "format 'v41viz-id-map/1' and an 'ids' list")
