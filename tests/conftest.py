@@ -27,6 +27,8 @@ SLOW = {
     "test_e2e_architecture_actions.py": "browser tests of user actions on Architecture and the sidebar [~110 s]",
     "test_e2e_concurrency.py": "four browser sessions generating at once on Inspect, against serial engine runs "
                                "[65 s at load average 5, 150 s at 8]",
+    "test_e2e_compare_runs.py": "browser tests of the Compare page's Runs tab: two tiny models run, downloaded, "
+                                "uploaded and handed to Inspect [33 s at load average 3.5, 55 s at 6]",
     "test_e2e_uploads.py": "hostile config uploads through the browser, with the server's memory watched [30 s at "
                            "load average 5, 150 s at 12]",
     # a fresh process

@@ -10,7 +10,8 @@ def test_compare_v4_and_v41():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page("pages/compare.py").run()
     assert not at.exception, at.exception
-    assert at.title[0].value == "Compare configs"
+    assert at.title[0].value == "Compare"
+    assert [t.label for t in at.tabs] == ["Configs", "Runs"]
     assert at.selectbox(key="compare_a").value == "deepseek-v4-flash"
     assert at.selectbox(key="compare_b").value == "deepseek-v4.1-flash"
     summary = next(m.value for m in at.markdown if "sizes and mechanisms differ" in m.value)
@@ -35,3 +36,27 @@ def test_compare_pair_comes_from_and_goes_to_the_url():
     at.selectbox(key="compare_b").set_value("deepseek-v4-flash-dspark").run()
     b = at.query_params["b"]
     assert (b[-1] if isinstance(b, list) else b) == "deepseek-v4-flash-dspark"
+
+
+def test_runs_tab_runs_tiny_v4_against_tiny_v41_and_hands_a_run_to_inspect():
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["view"] = "Runs"
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception, at.exception
+    assert (at.selectbox(key="compare_runs_a").value, at.selectbox(key="compare_runs_b").value) == \
+        ("tiny-v4", "tiny-v4.1")
+    assert any("have random weights" in c.value for c in at.caption)
+    at.number_input(key="compare_runs_max_new").set_value(4)
+    at.button(key="FormSubmitter:compare_runs_form-Run both").click().run()
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["new tokens that agree"].endswith(" of 4") and metrics["first divergence"].startswith("position ")
+    assert float(metrics["routing agreement"]) > 0
+    table = next(m.value for m in at.markdown if m.value.startswith("| layer |"))
+    assert table.count("hash\\-routed \\(token id\\)") == 2 and table.count("not in this run") == 3
+    assert sum("stopped at max new tokens (4 tokens)" in c.value for c in at.caption) == 2
+    at.button(key="compare_open_b").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Inspect a generation"
+    assert any("run B of the Compare page" in m.value for m in at.markdown)

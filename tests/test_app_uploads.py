@@ -92,7 +92,7 @@ def test_the_other_pages_with_the_picker_report_a_bad_upload_in_the_main_area(pa
     assert not at.exception, at.exception
     assert any("must be a finite integer" in shown(e.value) for e in at.main.error)
     assert not at.sidebar.error
-    assert at.title[0].value in ("v41viz", "Compare configs")
+    assert at.title[0].value in ("v41viz", "Compare")
 
 
 def test_the_size_is_checked_before_parsing():

@@ -108,7 +108,13 @@ def generate_text(args: argparse.Namespace) -> int:
         trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention),
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                            "seed": args.seed, "dspark": args.schedule if args.dspark else "off"})
+                            "seed": args.seed, "dspark": args.schedule if args.dspark else "off",
+                            # the model's sizes, so a replay or a Compare diff needs no loaded model (V4's
+                            # hash-routed layers among them); the keys v41viz.inspect.trace_model reads
+                            "n_routed_experts": engine.args.n_routed_experts,
+                            "n_activated_experts": engine.args.n_activated_experts,
+                            "engram_max_ngram_size": engine.args.engram_max_ngram_size,
+                            "n_hash_layers": engine.args.n_hash_layers})
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
     sys.stdout.write(args.prompt)

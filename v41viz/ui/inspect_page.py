@@ -128,7 +128,14 @@ def replay_upload() -> None:
         st.session_state[UPLOAD_ERROR] = f"Could not load {file.name}: {e}"
         return
     st.session_state.pop(UPLOAD_ERROR, None)
-    run = loaded_run(trace, file.name)
+    show_trace(trace, file.name)
+    st.rerun()  # the form and the model picker above show the trace's settings
+
+
+def show_trace(trace, name: str) -> LiveRun:
+    """Make a trace the run the Inspect page shows (an upload here, or a run the Compare page hands over): its
+    settings go into the form, and its model is picked when this server runs it."""
+    run = loaded_run(trace, name)
     st.session_state[LOADED], st.session_state[SHOWN] = run, "loaded"
     recorded = settings_of(trace.meta)
     if recorded.get("schedule") not in SCHEDULES:
@@ -136,7 +143,7 @@ def replay_upload() -> None:
     st.session_state[PENDING] = {SETTING_KEYS[name]: value for name, value in recorded.items()}
     if run.model in engine_session.model_choices():
         st.session_state[MODEL_KEPT] = run.model  # the model that made it, so its panels draw against it
-    st.rerun()  # the form and the model picker above show the trace's settings
+    return run
 
 
 def loaded_run(trace, name: str) -> LiveRun:
