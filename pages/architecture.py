@@ -1,21 +1,26 @@
 """Architecture page: the diagram drawn from config.json, module details and accounting."""
 import streamlit as st
 
-from v41viz.ui import architecture_page
+from v41viz.ui import arch_details, architecture_page
 from v41viz.ui.sidebar import current_view, page_setup
 
 page_setup("Architecture")
 config_key, view = current_view()
-state = architecture_page.sync_state(config_key, view)
+index = architecture_page.modules(config_key, id(view), view)
+state = architecture_page.sync_state(config_key, view, index)
 architecture_page.header(config_key, view)
 architecture_page.reading_guide()
-architecture_page.controls(view)
+architecture_page.controls(view, index)
 architecture_page.write_url(state)
-left, right = st.columns([0.63, 0.37], gap="small")
+# The diagram takes the page's width and the details follow below it; or, on request, the details sit beside it.
+if architecture_page.details_beside():
+    left, right = st.columns([0.68, 0.32], gap="small")
+else:
+    left = right = st.container()
 with left:
-    architecture_page.diagram(config_key, view, state)
+    architecture_page.diagram(config_key, view, index, state)
 with right:
     with st.container(border=True, key="details_panel"):
-        architecture_page.details(config_key, view, state)
+        arch_details.details(config_key, view, index, state)
 architecture_page.accounting_tabs(view)
 architecture_page.memory_plan_section(config_key, view)

@@ -13,16 +13,17 @@ from bench_first_view import CHROMIUM, CHROMIUM_ARGS, start_server
 from playwright.sync_api import sync_playwright
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-WIDTH = 1700   # px: the diagram column is ~780 px wide, the drawing at about its design size
+WIDTH = 1700   # px: the diagram takes the page's width, the drawing at its largest width fit (125 %)
 
 
 def architecture(browser, base: str) -> Path:
-    """The V4.1-Flash diagram with the lightning indexer of layer 20 selected, beside its details."""
+    """The V4.1-Flash diagram with layer 20's attention opened into its steps and its lightning indexer selected."""
     # tall enough for the whole drawing: Streamlit scrolls its main area, not the document, so a page
     # screenshot ends at the viewport
     page = browser.new_context(viewport={"width": WIDTH, "height": 2500}, device_scale_factor=1).new_page()
-    page.goto(base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer")
+    page.goto(base + "/architecture?config=deepseek-v4.1-flash&node=layers.20.attn.indexer&open=attn")
     page.locator(".v41-diagram").wait_for(timeout=120_000)
+    page.locator(".v41-box[data-node='layers.20.attn.rope']").wait_for(timeout=120_000)
     page.get_by_text("How the plan is made").wait_for(timeout=120_000)   # the script run is over
     page.locator(".st-key-details_panel").get_by_text("Lightning indexer").first.wait_for(timeout=30_000)
     page.wait_for_timeout(1000)

@@ -25,6 +25,8 @@ SLOW = {
     "test_e2e_inspect.py": "browser tests [~4 min under load]",
     "test_e2e_inspect_actions.py": "browser tests of user actions on the Inspect page [~4 min under load]",
     "test_e2e_architecture_actions.py": "browser tests of user actions on Architecture and the sidebar [~110 s]",
+    "test_e2e_architecture_diagram.py": "the diagram's zoom, fit, search, opened steps and export in a browser "
+                                        "[28 s at load average 5]",
     "test_e2e_concurrency.py": "four browser sessions generating at once on Inspect, against serial engine runs "
                                "[65 s at load average 5, 150 s at 8]",
     "test_e2e_compare_runs.py": "browser tests of the Compare page's Runs tab: two tiny models run, downloaded, "

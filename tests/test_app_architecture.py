@@ -145,3 +145,70 @@ def test_memory_plan_panel_follows_the_hardware_inputs():
     assert plan_warning and plan_warning[0].endswith(": does not fit")
     devices = table(at, "device")
     assert devices["device"].tolist() == ["GPU 0", "host"] and devices["verdict"][0].startswith("does not fit: needs")
+
+
+def test_search_selects_the_first_match_and_steps_through_the_others():
+    at = app()
+    centred = at.session_state["arch_centre"] if "arch_centre" in at.session_state else 0
+    at.text_input(key="arch_search").set_value("layers.12.attn").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="arch_node").value == "layers.12.attn" and query(at, "node") == "layers.12.attn"
+    assert at.session_state["arch_centre"] > centred                  # the drawing is asked to centre it
+    assert "#### Attention" in details_text(at)
+    at.text_input(key="arch_search").set_value("indexer").run()
+    assert at.selectbox(key="arch_node").value == "layers.2.attn.indexer"
+    assert any(c.value == "1 of 8" for c in at.caption)
+    at.button(key="arch_next").click().run()
+    assert at.selectbox(key="arch_node").value == "layers.8.attn.indexer"
+    assert any(c.value == "2 of 8" for c in at.caption)
+    at.button(key="arch_prev").click().run()
+    at.button(key="arch_prev").click().run()
+    assert at.selectbox(key="arch_node").value == "layers.36.attn.indexer"    # wraps around
+    at.text_input(key="arch_search").set_value("no such thing").run()
+    assert any(c.value == "no match" for c in at.caption)
+    assert at.selectbox(key="arch_node").value == "layers.36.attn.indexer"    # the selection stays
+
+
+def test_a_click_on_attention_opens_its_steps_and_a_step_has_its_own_details():
+    at = app(config="tiny-v4.1")
+    at.session_state["arch_pick"] = "layers.2.attn"   # a click on the attention box of the opened layer
+    at.run()
+    assert not at.exception, at.exception
+    assert query(at, "open") == "attn" and query(at, "node") == "layers.2.attn"
+    at.selectbox(key="arch_node").set_value("layers.2.attn.rope").run()
+    text = details_text(at)
+    assert "#### Rotary position embedding with YaRN" in text
+    assert "| out | q rotated | `[B, S, 4, 32]` |" in text                # the step's shapes, from the config
+    assert any("Engine source: engine.model.rope.apply_rope" in e.label for e in at.expander)
+    at.selectbox(key="arch_node").set_value("layers.2.attn.q_lora").run()
+    tensors = table(at, "tensor")
+    assert set(tensors["tensor"]) == {"wq_a.weight", "q_norm.weight", "wq_b.weight"}
+    at.session_state["arch_toggle"] = "attn"           # the close control: the selection moves to the box
+    at.run()
+    assert "open" not in at.query_params and at.selectbox(key="arch_node").value == "layers.2.attn"
+
+
+def test_a_reuse_step_says_which_layer_it_reads_and_a_link_opens_it():
+    at = app(node="layers.3.attn.index_reuse", open="ffn")
+    assert not at.exception, at.exception
+    assert query(at, "open") == "attn,ffn"             # a linked step opens its box
+    text = details_text(at)
+    assert "#### Index list reused from layer 2" in text and "`layers.2.attn.indexer`" in text
+    at = app(node="layers.3.attn", open="attn,bogus")
+    assert any("unknown box(es): bogus" in w.value for w in at.warning)
+    assert query(at, "open") == "attn"
+
+
+def test_details_beside_the_diagram_on_request():
+    def beside(at) -> bool:   # the page splits into the diagram's and the details' columns
+        weights = [round(c.weight, 2) for c in at.columns]
+        return any(weights[i:i + 2] == [0.68, 0.32] for i in range(len(weights)))
+
+    at = app()
+    assert not beside(at)            # by default the diagram takes the page's width, the details follow below
+    at.toggle(key="arch_beside").set_value(True).run()
+    assert not at.exception, at.exception
+    assert beside(at) and "#### Attention" in details_text(at)
+    at.switch_page("pages/compare.py").run()
+    at.switch_page("pages/architecture.py").run()
+    assert beside(at)                # the choice survives a visit to another page

@@ -54,16 +54,22 @@ class SourceInfo:
         return bool(self.pieces)
 
 
-@lru_cache(maxsize=None)
 def engine_source(module_type: str) -> SourceInfo:
-    """The engine code of a module type (cached: the source does not change while the app runs)."""
+    """The engine code of a module type."""
     try:
         qualnames = ENGINE_CODE[module_type]
     except KeyError:
         return SourceInfo((), f"no engine code is mapped to module type {module_type!r}")
+    return engine_code(qualnames)
+
+
+@lru_cache(maxsize=None)
+def engine_code(qualnames: tuple[str, ...]) -> SourceInfo:
+    """The source of engine functions, classes or methods by qualified name ('engine.model.moe.Gate',
+    'engine.model.attention.Attention.queries'); cached: the source does not change while the app runs."""
     pieces, problems = [], []
     for qualname in qualnames:
-        module_name, name = qualname.rsplit(".", 1)
+        module_name, name = _split(qualname)
         rel = module_name.replace(".", "/") + ".py"
         try:
             definitions, lines = _definitions(rel)
@@ -81,13 +87,31 @@ def engine_source(module_type: str) -> SourceInfo:
     return SourceInfo(tuple(pieces), "; ".join(problems))
 
 
+def _split(qualname: str) -> tuple[str, str]:
+    """'engine.model.attention.Attention.queries' → ('engine.model.attention', 'Attention.queries'): the longest
+    prefix that names an engine file is the module."""
+    parts = qualname.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        if (ROOT / (module.replace(".", "/") + ".py")).is_file():
+            return module, ".".join(parts[cut:])
+    return qualname.rsplit(".", 1)[0], qualname.rsplit(".", 1)[1]
+
+
 @lru_cache(maxsize=64)
 def _definitions(rel: str) -> tuple[dict[str, tuple[int, int]], list[str]]:
-    """A file's top-level classes and functions: name → (first line with decorators, last line), and its lines."""
+    """A file's top-level classes and functions, and the methods of its classes ('Class.method'): name → (first
+    line with decorators, last line), and its lines."""
     text = (ROOT / rel).read_text(encoding="utf-8")
     spans = {}
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.parse(text, filename=rel).body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            spans[node.name] = (first, node.end_lineno or node.lineno)
+        if isinstance(node, kinds):
+            spans[node.name] = _span(node)
+        if isinstance(node, ast.ClassDef):
+            spans.update((f"{node.name}.{m.name}", _span(m)) for m in node.body if isinstance(m, kinds))
     return spans, text.splitlines(keepends=True)
+
+
+def _span(node) -> tuple[int, int]:
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno or node.lineno

@@ -1,4 +1,4 @@
-"""Streamlit pieces of the architecture page: URL/selection sync, header, diagram, details, accounting tabs."""
+"""Streamlit pieces of the architecture page: URL/selection sync, header, search, diagram, details, accounting."""
 from __future__ import annotations
 
 from functools import partial
@@ -10,32 +10,45 @@ from engine.spec.memory_plan import WORKING_FORMULA, Hardware, memory_plan
 
 from ..arch import accounting_panels as panels
 from ..arch import plan_panels
-from ..arch.details import NodeDetails, display_table, human, node_details
+from ..arch.details import human
 from ..arch.diagram import diagram_html
 from ..arch.layout import build_layout
 from ..arch.model_view import ModelView, context_length
 from ..arch.module_docs import describe
-from ..arch.source import engine_source
+from ..arch.search import ModuleIndex, build_index
+from ..arch.substep_docs import describe_step
+from ..arch.substeps import OPENABLE
 from .diagram_component import diagram as draw_diagram
-from .diagram_component import picked
-from .page_links import ARCH_JUMP, to_inspect_button
+from .diagram_component import picked, toggled
+from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
 from .static_table import show_table
 from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
 
 NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_pick"
+OPEN, TOGGLE = "arch_open", "arch_toggle"          # opened boxes ('attn', 'ffn'); a clicked open/close control
+SEARCH, FOUND, HIT = "arch_search", "arch_found", "arch_hit"   # the search box; its pick; which match is shown
+CENTRE, LAST = "arch_centre", "arch_last_node"     # the drawing centres on the node when the counter moves
+BESIDE = "arch_beside"                             # the details panel beside the diagram instead of below
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
-KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept"}
+KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept", BESIDE: "arch_beside_kept"}
 
 
-def sync_state(config_key: str, view: ModelView) -> ViewState:
-    """Bring node/expansion widgets in line with the URL (first visit), a config change, or a diagram click."""
+@st.cache_resource(max_entries=16, show_spinner=False)
+def modules(config_key: str, view_id: int, _view: ModelView) -> ModuleIndex:
+    """Every selectable module and step of one model (~10 ms for V4.1-Flash; shared by all sessions)."""
+    return build_index(_view.args, _view.graph)
+
+
+def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewState:
+    """Bring node/expansion/open state in line with the URL (first visit), a config change, a diagram click, a
+    search, or an open/close control."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
     for widget, kept in KEEP.items():  # back from another page: restore the widgets from the kept values
         if widget not in st.session_state and kept in st.session_state:
             st.session_state[widget] = st.session_state[kept]
     jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
-    if jump in g:
+    if jump in index:
         if st.session_state.get(OWNER) != config_key:
             st.session_state[EXPAND] = []
         st.session_state[NODE], st.session_state[OWNER] = jump, config_key
@@ -43,18 +56,50 @@ def sync_state(config_key: str, view: ModelView) -> ViewState:
         url = from_query(st.query_params)
         first_visit = OWNER not in st.session_state
         wanted = url if first_visit and url.config == config_key else ViewState(config_key)
-        clean, problems = sanitize(wanted, g, ids)
+        clean, problems = sanitize(wanted, index, ids)
         st.session_state[NODE] = clean.node or f"layers.{view.default_focus()}.attn"
+        st.session_state[LAST] = "" if clean.node else st.session_state[NODE]   # a linked node is centred
         st.session_state[EXPAND] = list(clean.expand)
+        st.session_state[OPEN] = list(clean.open)
         st.session_state[OWNER] = config_key
         for p in problems:
             st.warning(p)
-    if (clicked := st.session_state.pop(PICK, None)) in g:   # a click on the diagram (see _on_pick)
+    clicked = st.session_state.pop(PICK, None)
+    if clicked in index:   # a click on the diagram (see _on_pick): a click on attention or MoE also opens it
         st.session_state[NODE] = clicked
-    if st.session_state.get(NODE) not in g:
+        if clicked in g and (which := OPENABLE.get(g.nodes[clicked]["type"])):
+            _set_open(which, True)
+    if (found := st.session_state.pop(FOUND, None)) in index:   # the search box or its previous / next buttons
+        st.session_state[NODE] = found
+        st.session_state[LAST] = ""
+    if (which := st.session_state.pop(TOGGLE, None)) in OPENABLE.values():
+        _toggle(which, index)
+    if st.session_state.get(NODE) not in index:
         st.session_state[NODE] = f"layers.{view.default_focus()}.attn"
-    st.session_state[KEEP[NODE]], st.session_state[KEEP[EXPAND]] = st.session_state[NODE], list(st.session_state[EXPAND])
-    return ViewState(config_key, st.session_state[NODE], tuple(sorted(st.session_state[EXPAND])))
+    node = st.session_state[NODE]
+    if (step := index.steps.get(node)) is not None and node not in g:   # a step is drawn only in its opened box
+        _set_open(step.parent.rsplit(".", 1)[1], True)
+    if node != st.session_state.get(LAST) and node != clicked:   # chosen outside the drawing: centre it
+        st.session_state[CENTRE] = st.session_state.get(CENTRE, 0) + 1
+    st.session_state[LAST] = node
+    st.session_state[KEEP[NODE]], st.session_state[KEEP[EXPAND]] = node, list(st.session_state[EXPAND])
+    st.session_state[KEEP[BESIDE]] = bool(st.session_state.get(BESIDE, False))
+    return ViewState(config_key, node, tuple(sorted(st.session_state[EXPAND])),
+                     tuple(sorted(st.session_state.get(OPEN, []))))
+
+
+def _set_open(which: str, opened: bool) -> None:
+    now = set(st.session_state.get(OPEN, []))
+    st.session_state[OPEN] = sorted(now | {which} if opened else now - {which})
+
+
+def _toggle(which: str, index: ModuleIndex) -> None:
+    """Open or close the focused layer's attention / MoE; closing moves a selected step to its box."""
+    opened = which not in st.session_state.get(OPEN, [])
+    _set_open(which, opened)
+    step = index.steps.get(st.session_state.get(NODE, ""))
+    if not opened and step is not None and step.parent.endswith("." + which):
+        st.session_state[NODE] = step.parent
 
 
 def write_url(state: ViewState) -> None:
@@ -99,33 +144,79 @@ def _highlights(view: ModelView) -> list[str]:
 
 
 def reading_guide() -> None:
-    with st.expander("Reading this diagram", expanded=False):
+    guide, beside = st.columns([0.8, 0.2], vertical_alignment="center")
+    with guide.expander("Reading this diagram", expanded=False):
         st.markdown(
-            "Data flows top to bottom. The middle column is the layer stack: a pile of cards with a **×N** badge is "
-            "N consecutive layers with the same role (or an alternating pair), labelled with what they do "
-            "(compression ratio, whose KV they read, which index list they use). The dotted frame on the right "
-            "opens the layer that holds the selected module; the left column is the drafter (DSpark or MTP) fed "
-            "by tapped layers. Solid arrows carry activations, dashed grey lines are the mHC residual streams, "
-            "dotted lines attach auxiliary modules. Hover a box for its summary; click it (or pick it in the "
-            "list) for the details. The URL keeps the config, the selection and the expanded groups.")
+            "Data flows top to bottom; each arrow is labelled with the shape of what it carries (B batch, S tokens "
+            "in this call, T tokens cached so far, γ the draft block). The middle column is the layer stack: a pile "
+            "of cards with a **×N** badge is N consecutive layers with the same role (or an alternating pair), "
+            "labelled with what they do (compression ratio, whose KV they read, which index list they use). The "
+            "dotted frame on the right opens the layer that holds the selected module; the left column is the "
+            "drafter (DSpark or MTP) fed by tapped layers. Solid arrows carry activations, dashed grey lines are the "
+            "mHC residual streams, dotted lines attach auxiliary modules.\n\n"
+            "Click the attention or MoE box of the opened layer (or its **+**) to open it into its steps: the query "
+            "and KV projections, RoPE, where the compressed rows and the index list come from (a dashed box reads "
+            "another layer's), the sparse attention with its sink and the grouped output; the router, the routed "
+            "and shared experts and their combination. Each step has its own details. **Ctrl + wheel** zooms, "
+            "drag pans, **Fit** shows everything; the buttons on the right download the drawing as SVG or PNG. "
+            "Hover a box for its summary; click it (or find it by name) for the details. The URL keeps the config, "
+            "the selection, the expanded groups and the opened boxes.")
+    beside.toggle("Details beside the diagram", key=BESIDE,
+                  help="Off: the diagram takes the full page width and the details follow below it.")
 
 
-def controls(view: ModelView) -> None:
-    g = view.graph
-    c1, c2 = st.columns([3, 2])
-    c1.selectbox("Module", list(g.nodes), key=NODE, format_func=lambda n: f"{n} — {g.nodes[n]['label']}")
-    c2.multiselect("Expand folded groups", [gr.id for gr in view.foldable], key=EXPAND,
+def details_beside() -> bool:
+    return bool(st.session_state.get(BESIDE, False))
+
+
+def controls(view: ModelView, index: ModuleIndex) -> None:
+    """The search box (with previous / next over its matches), the module picker and the folded groups."""
+    c1, c2, c3, c4 = st.columns([2.3, 1.4, 2.9, 2.4], vertical_alignment="bottom")
+    c1.text_input("Find a module", key=SEARCH, placeholder="layers.12.attn · indexer · engram · rope",
+                  on_change=_on_search, args=(index,), help="Path or name; Enter selects the first match and "
+                  "centres it in the drawing.")
+    hits = index.find(st.session_state.get(SEARCH, ""))
+    with c2.container(horizontal=True, vertical_alignment="center", gap="small"):
+        st.button("", icon=":material/chevron_left:", key="arch_prev", help="previous match",
+                  on_click=_next_hit, args=(index, -1), disabled=len(hits) < 2)
+        st.button("", icon=":material/chevron_right:", key="arch_next", help="next match",
+                  on_click=_next_hit, args=(index, 1), disabled=len(hits) < 2)
+        if st.session_state.get(SEARCH, "").strip():
+            pos = st.session_state.get(HIT, 0) % len(hits) if hits else 0
+            st.caption(f"{pos + 1} of {len(hits)}" if hits else "no match")
+    c3.selectbox("Module", list(index.labels), key=NODE, format_func=lambda n: f"{n} — {index.labels[n]}")
+    c4.multiselect("Expand folded groups", [gr.id for gr in view.foldable], key=EXPAND,
                    format_func=lambda i: next(gr.label for gr in view.foldable if gr.id == i),
                    placeholder="show these groups layer by layer")
 
 
-def diagram(config_key: str, view: ModelView, state: ViewState) -> None:
-    role = view.graph.nodes[state.node]["role"]
+def _on_search(index: ModuleIndex) -> None:
+    hits = index.find(st.session_state.get(SEARCH, ""))
+    st.session_state[HIT] = 0
+    if hits:
+        st.session_state[FOUND] = hits[0]
+
+
+def _next_hit(index: ModuleIndex, step: int) -> None:
+    hits = index.find(st.session_state.get(SEARCH, ""))
+    if hits:
+        st.session_state[HIT] = (st.session_state.get(HIT, 0) + step) % len(hits)
+        st.session_state[FOUND] = hits[st.session_state[HIT]]
+
+
+def diagram(config_key: str, view: ModelView, index: ModuleIndex, state: ViewState) -> None:
+    role = _role(view, index, state.node)
     focus = role.layer if role is not None else st.session_state.get("arch_focus", view.default_focus())
     st.session_state["arch_focus"] = focus
     key = f"diagram:{config_key}"
-    html = _drawing(config_key, id(view), state.node, state.expand, focus, view)
-    draw_diagram(html, key=key, on_pick=partial(_on_pick, key))
+    html = _drawing(config_key, id(view), state.node, state.expand, focus, state.open, view, index)
+    draw_diagram(html, key=key, on_pick=partial(_on_pick, key), on_toggle=partial(_on_toggle, key),
+                 centre=(state.node, st.session_state.get(CENTRE, 0)))
+
+
+def _role(view: ModelView, index: ModuleIndex, node: str):
+    step = index.steps.get(node)
+    return view.graph.nodes[step.parent if node not in view.graph else node]["role"]
 
 
 def _on_pick(key: str) -> None:
@@ -133,50 +224,29 @@ def _on_pick(key: str) -> None:
     st.session_state[PICK] = picked(key)
 
 
+def _on_toggle(key: str) -> None:
+    st.session_state[TOGGLE] = toggled(key)
+
+
 @st.cache_resource(max_entries=256, show_spinner=False)
-def _drawing(config_key: str, view_id: int, node: str, expand: tuple[str, ...], focus: int, _view: ModelView) -> str:
+def _drawing(config_key: str, view_id: int, node: str, expand: tuple[str, ...], focus: int, opened: tuple[str, ...],
+             _view: ModelView, _index: ModuleIndex) -> str:
     """The diagram's HTML for one view state; it depends on no session, so every session shares it. view_id tells
     apart two uploads of the same name."""
     a, g = _view.args, _view.graph
-    lay = build_layout(a, g, _view.groups, set(expand), focus, _view.size_text)
-    hover = {n: _view.hover_text(n, describe(g.nodes[n]["type"], a, g.nodes[n]["role"]).summary)
-             for n in {b.node for b in lay.boxes.values()}}
-    return diagram_html(lay, node, hover)
+    lay = build_layout(a, g, _view.groups, set(expand), focus, _view.size_text, frozenset(opened))
+    hover = {n: _hover(_view, _index, n) for n in {b.node for b in lay.boxes.values()}}
+    return diagram_html(lay, node, hover, name=a.name)
 
 
-def details(config_key: str, view: ModelView, state: ViewState) -> None:
-    node = state.node
-    d = _node_details(config_key, id(view), node, state.expand, view)
-    st.markdown(f"#### {d.doc.title}")
-    to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
-    st.markdown(f"`{d.node}` · {d.kind}")
-    st.markdown(f"*{d.doc.summary}*")
-    if d.role_line:
-        st.caption(d.role_line + (" " + d.group_line if d.group_line else ""))
-    n_tensors = int(d.tensors["count"].sum()) if d.tensors is not None else 0
-    st.markdown(f"**{human(d.params)}** parameters · **{human(d.nbytes, 'B')}** in the checkpoint · "
-                f"**{n_tensors:,}** tensors" + (" (with submodules)" if d.type in ("block", "draft_block", "moe", "attention") else ""))
-    st.markdown("**What it does.** " + d.doc.what)
-    st.markdown("**Why it is there.** " + d.doc.why)
-    st.markdown("**Formula**")
-    st.html(preformatted(d.doc.formula))
-    if d.tensors is not None and len(d.tensors):
-        st.markdown(f"**Checkpoint tensors** under `{d.node}` (routed experts folded into `{{i}}` rows)")
-        show_table(display_table(d.tensors, d.node), scroll_height=320)
-    src = engine_source(d.type)
-    for piece in src.pieces:  # drawn when opened: the code highlighter is not part of the first view
-        source = st.expander(f"Engine source: {piece.qualname}  ({piece.path}:{piece.first_line})", expanded=False,
-                             key=f"source:{piece.qualname}", on_change="rerun")
-        if source.open:
-            source.code(piece.code, language="python", line_numbers=True)
-    if src.message:
-        st.info(f"Engine source: {src.message}.")
-
-
-@st.cache_resource(max_entries=512, show_spinner=False)
-def _node_details(config_key: str, view_id: int, node: str, expand: tuple[str, ...], _view: ModelView) -> NodeDetails:
-    """A node's details depend on no session (view_id tells apart two uploads of the same name)."""
-    return node_details(_view.args, _view.graph, _view.groups, node, frozenset(expand))
+def _hover(view: ModelView, index: ModuleIndex, node: str) -> str:
+    g = view.graph
+    if node in g:
+        return view.hover_text(node, describe(g.nodes[node]["type"], view.args, g.nodes[node]["role"]).summary)
+    step = index.steps[node]
+    doc = describe_step(step.name, view.args, g.nodes[step.parent]["role"])
+    shapes = " · ".join(f"{what} {shape}" for what, shape in step.outputs)
+    return "\n".join(x for x in (step.title, doc.summary, f"out: {shapes}" if shapes else "") if x)
 
 
 def accounting_tabs(view: ModelView) -> None:

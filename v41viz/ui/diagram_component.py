@@ -1,6 +1,8 @@
-"""The architecture diagram in the browser: a Streamlit v2 component that shows the server's SVG, a tooltip on
-hover, and sends the node of a clicked (or Enter-pressed) box back as a selection. A few lines of script instead
-of plotly.js, so a fresh browser shows the diagram at once and a click redraws it at once."""
+"""The architecture diagram in the browser: a Streamlit v2 component that shows the server's SVG in a viewport with
+zoom (Ctrl + wheel, buttons, keys), pan (drag, wheel, arrow keys) and fit, tooltips, export to SVG and PNG, and sends
+back the node of a clicked (or Enter-pressed) box and the open / close controls of attention and MoE boxes. A few
+lines of script instead of plotly.js, so a fresh browser shows the diagram at once and a click redraws it at once.
+The view (zoom and position) survives reruns and page visits (sessionStorage, per model)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,52 +10,258 @@ from collections.abc import Callable
 import streamlit as st
 
 JS = """
-export default function ({ data, parentElement, setTriggerValue }) {
-  let root = parentElement.querySelector('.v41-root');
-  if (!root) {
-    root = document.createElement('div');
-    root.className = 'v41-root';
-    root.innerHTML = '<div class="v41-drawing"></div><div class="v41-tip" role="tooltip"></div>';
-    parentElement.appendChild(root);
-    const tip = root.querySelector('.v41-tip');
-    const boxOf = e => e.target.closest && e.target.closest('[data-node]');
-    const pick = box => {
-      root.querySelectorAll('.v41-selected').forEach(el => el.classList.remove('v41-selected'));
-      box.classList.add('v41-selected');
-      root.send(box.dataset.node);
-    };
-    root.addEventListener('click', e => { const box = boxOf(e); if (box) pick(box); });
-    root.addEventListener('keydown', e => {
-      const box = boxOf(e);
-      if (box && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); pick(box); }
-    });
-    root.addEventListener('pointermove', e => {
-      const box = boxOf(e);
-      if (!box) { tip.style.display = 'none'; return; }
-      const r = root.getBoundingClientRect();
-      tip.textContent = box.dataset.tip;
-      tip.style.display = 'block';
-      tip.style.left = Math.min(e.clientX - r.left + 14, r.width - tip.offsetWidth - 4) + 'px';
-      tip.style.top = (e.clientY - r.top + 16) + 'px';
-    });
-    root.addEventListener('pointerleave', () => { tip.style.display = 'none'; });
+const NS = 'http://www.w3.org/2000/svg';
+const MAX_SCALE = 1.25;            // the width fit never enlarges the drawing more than this
+const SMALL = 0.8;                 // below this scale (screen px per design px) the shape labels hide
+
+function svgOf(root) { return root.querySelector('svg.v41-diagram'); }
+function full(svg) { return { w: +svg.getAttribute('width'), h: +svg.getAttribute('height') }; }
+function size(svg) { return { W: svg.clientWidth || 1, H: svg.clientHeight || 1 }; }
+
+function widthView(svg) {          // the whole width, top first, at most MAX_SCALE
+  const { w: fw } = full(svg), { W } = size(svg);
+  const w = W / Math.min(MAX_SCALE, W / fw);
+  return { x: (fw - w) / 2, y: 0, w };
+}
+function fitView(svg) {            // the whole drawing
+  const { w: fw, h: fh } = full(svg), { W, H } = size(svg);
+  const w = Math.max(fw, fh * W / H);
+  return { x: (fw - w) / 2, y: (fh - w * H / W) / 2, w };
+}
+function clamp(svg, v) {           // keep the drawing in view: centred along an axis it does not fill
+  const { w: fw, h: fh } = full(svg), { W, H } = size(svg);
+  v.w = Math.min(Math.max(v.w, fw / 60, 40), Math.max(fw, fh * W / H) * 3);
+  const h = v.w * H / W;
+  v.x = v.w >= fw ? (fw - v.w) / 2 : Math.min(Math.max(v.x, 0), fw - v.w);
+  v.y = h >= fh ? (fh - h) / 2 : Math.min(Math.max(v.y, 0), fh - h);
+  return v;
+}
+function apply(root) {
+  const svg = svgOf(root), v = clamp(svg, root.view), { W, H } = size(svg);
+  svg.setAttribute('viewBox', `${v.x.toFixed(1)} ${v.y.toFixed(1)} ${v.w.toFixed(1)} ${(v.w * H / W).toFixed(1)}`);
+  const scale = W / v.w;
+  root.querySelector('.v41-zoom').textContent = Math.round(scale * 100) + '%';
+  root.classList.toggle('v41-small', scale < SMALL);
+  try { sessionStorage.setItem('v41viz.view.' + svg.dataset.name, JSON.stringify(v)); } catch (e) {}
+}
+function setHeight(root) {         // as tall as the width fit needs, within 320 px .. 80% of the window
+  const svg = svgOf(root), { w: fw, h: fh } = full(svg), W = svg.clientWidth || fw;
+  const want = fh * Math.min(MAX_SCALE, W / fw);
+  svg.style.height = Math.round(Math.max(320, Math.min(want, 0.8 * window.innerHeight))) + 'px';
+}
+function zoomAt(root, factor, px, py) {   // px, py: the screen point that stays put, in element pixels
+  const svg = svgOf(root), v = root.view, { W, H } = size(svg);
+  if (px === undefined) { px = W / 2; py = H / 2; }
+  const s = W / v.w, ux = v.x + px / s, uy = v.y + py / s;
+  v.w = v.w / factor;
+  clamp(svg, v);
+  v.x = ux - px * v.w / W; v.y = uy - py * v.w / W;
+  apply(root);
+}
+function panBy(root, dx, dy) {     // screen pixels; returns whether the view moved
+  const svg = svgOf(root), v = root.view, s = size(svg).W / v.w, x = v.x, y = v.y;
+  v.x += dx / s; v.y += dy / s;
+  apply(root);
+  return Math.abs(v.x - x) > 0.01 || Math.abs(v.y - y) > 0.01;
+}
+function boxFor(svg, node) {       // the drawn box of a node: its own, a folded group covering it, or an ancestor's
+  const boxes = [...svg.querySelectorAll('.v41-box')];
+  for (let n = node; n; n = n.includes('.') ? n.slice(0, n.lastIndexOf('.')) : '') {
+    const own = boxes.filter(g => g.dataset.node === n);
+    if (own.length) return own[own.length - 1];
+    const group = boxes.find(g => (g.dataset.covers || '').split(' ').includes(n));
+    if (group) return group;
   }
-  root.send = node => setTriggerValue('pick', node);
-  if (root.drawn !== data) {
-    root.querySelector('.v41-drawing').innerHTML = data;
-    root.drawn = data;
+  return null;
+}
+function centreOn(root, node) {
+  const svg = svgOf(root), box = boxFor(svg, node);
+  if (!box) return;
+  const b = box.getBBox(), v = root.view, { W, H } = size(svg);
+  v.w = Math.min(v.w, widthView(svg).w);  // zoomed far out: come back to the width fit
+  v.x = b.x + b.width / 2 - v.w / 2;
+  v.y = b.y + b.height / 2 - v.w * H / W / 2;
+  apply(root);
+}
+function exportText(root) {        // the whole drawing with its legend, self-contained
+  const svg = svgOf(root), c = svg.cloneNode(true), { w, h } = full(svg), lh = +svg.dataset.legendH || 0;
+  c.setAttribute('viewBox', `0 ${-lh} ${w} ${h + lh}`);
+  c.setAttribute('width', w); c.setAttribute('height', h + lh);
+  c.removeAttribute('style');
+  c.querySelectorAll('.v41-xlegend').forEach(el => el.removeAttribute('display'));
+  c.querySelectorAll('.v41-selected .v41-card').forEach(r => { r.setAttribute('stroke', '#dc2626'); r.setAttribute('stroke-width', '3'); });
+  const bg = document.createElementNS(NS, 'rect');
+  [['x', 0], ['y', -lh], ['width', w], ['height', h + lh], ['fill', 'white']].forEach(([k, val]) => bg.setAttribute(k, val));
+  c.insertBefore(bg, c.firstChild);
+  return { text: '<?xml version="1.0" encoding="UTF-8"?>\\n' + new XMLSerializer().serializeToString(c), w, h: h + lh };
+}
+function download(blob, name) {
+  const a = document.createElement('a');
+  a.href = URL.createObjectURL(blob); a.download = name;
+  document.body.appendChild(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 20000);
+}
+function fileName(root, ext) {
+  return ((svgOf(root).dataset.name || 'model').replace(/[^A-Za-z0-9._-]+/g, '_')) + '-architecture.' + ext;
+}
+function exportPng(root) {
+  const { text, w, h } = exportText(root), img = new Image(), k = 2;
+  img.onload = () => {
+    const canvas = document.createElement('canvas');
+    canvas.width = Math.round(w * k); canvas.height = Math.round(h * k);
+    const ctx = canvas.getContext('2d');
+    ctx.scale(k, k); ctx.drawImage(img, 0, 0, w, h);
+    canvas.toBlob(b => download(b, fileName(root, 'png')), 'image/png');
+  };
+  img.src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(text);
+}
+function show(root, data) {
+  const old = svgOf(root), oldName = old && old.dataset.name;
+  root.querySelector('.v41-drawing').innerHTML = data.html;
+  root.drawn = data.html;
+  const svg = svgOf(root);
+  setHeight(root);
+  if (!root.view || oldName !== svg.dataset.name) {
+    let kept = null;
+    try { kept = JSON.parse(sessionStorage.getItem('v41viz.view.' + svg.dataset.name)); } catch (e) {}
+    root.view = kept && kept.w > 0 ? kept : widthView(svg);
+  }
+  apply(root);
+}
+function build(parentElement) {
+  const root = document.createElement('div');
+  root.className = 'v41-root';
+  root.innerHTML = '<div class="v41-bar" role="toolbar" aria-label="diagram view">'
+    + '<button data-act="out" title="Zoom out (−)" aria-label="zoom out">−</button>'
+    + '<button data-act="in" title="Zoom in (+)" aria-label="zoom in">+</button>'
+    + '<button data-act="fit" title="Show the whole drawing (0)">Fit</button>'
+    + '<button data-act="width" title="Fit the width (W)">Fit width</button>'
+    + '<span class="v41-zoom" aria-live="polite"></span>'
+    + '<span class="v41-hint">Ctrl + wheel zooms · drag or wheel pans · + − 0 W and arrow keys</span>'
+    + '<span class="v41-spacer"></span>'
+    + '<button data-act="svg" title="Download the whole drawing as SVG">⤓ SVG</button>'
+    + '<button data-act="png" title="Download the whole drawing as PNG (2×)">⤓ PNG</button></div>'
+    + '<div class="v41-drawing" tabindex="0" aria-label="architecture diagram: + and − zoom, 0 fits, arrows pan">'
+    + '</div><div class="v41-tip" role="tooltip"></div>';
+  parentElement.appendChild(root);
+  const drawing = root.querySelector('.v41-drawing'), tip = root.querySelector('.v41-tip');
+  const acts = {
+    out: () => zoomAt(root, 1 / 1.25), in: () => zoomAt(root, 1.25),
+    fit: () => { root.view = fitView(svgOf(root)); apply(root); },
+    width: () => { root.view = widthView(svgOf(root)); apply(root); },
+    svg: () => download(new Blob([exportText(root).text], { type: 'image/svg+xml' }), fileName(root, 'svg')),
+    png: () => exportPng(root),
+  };
+  root.querySelector('.v41-bar').addEventListener('click', e => {
+    const b = e.target.closest('button');
+    if (b) acts[b.dataset.act]();
+  });
+  const boxOf = e => e.target.closest && e.target.closest('[data-node]');
+  const pick = box => {
+    root.querySelectorAll('.v41-selected').forEach(el => el.classList.remove('v41-selected'));
+    root.querySelectorAll('.v41-box').forEach(el => { if (el.dataset.node === box.dataset.node) el.classList.add('v41-selected'); });
+    root.trigger('pick', box.dataset.node);
+  };
+  const activate = e => {
+    const toggle = e.target.closest && e.target.closest('[data-toggle]');
+    if (toggle) { root.trigger('toggle', toggle.dataset.toggle); return true; }
+    const box = boxOf(e);
+    if (box) { pick(box); return true; }
+    return false;
+  };
+  drawing.addEventListener('click', e => {
+    if (root.dragged) { root.dragged = false; return; }
+    activate(e);
+  });
+  drawing.addEventListener('keydown', e => {
+    if ((e.key === 'Enter' || e.key === ' ') && activate(e)) { e.preventDefault(); return; }
+    const step = 60, keys = {
+      ArrowLeft: () => panBy(root, -step, 0), ArrowRight: () => panBy(root, step, 0),
+      ArrowUp: () => panBy(root, 0, -step), ArrowDown: () => panBy(root, 0, step),
+      '+': acts.in, '=': acts.in, '-': acts.out, '0': acts.fit, w: acts.width, W: acts.width,
+    };
+    if (keys[e.key] && !e.ctrlKey && !e.metaKey && !e.altKey) { e.preventDefault(); keys[e.key](); }
+  });
+  drawing.addEventListener('wheel', e => {
+    const svg = svgOf(root);
+    if (!svg || !svg.contains(e.target)) return;
+    if (e.ctrlKey || e.metaKey) {
+      e.preventDefault();
+      const r = svg.getBoundingClientRect();
+      zoomAt(root, Math.exp(-e.deltaY * 0.002), e.clientX - r.left, e.clientY - r.top);
+    } else if (panBy(root, e.shiftKey ? e.deltaY : e.deltaX, e.shiftKey ? 0 : e.deltaY)) {
+      e.preventDefault();           // the drawing moved; at its edge the page scrolls instead
+    }
+  }, { passive: false });
+  let press = null;
+  drawing.addEventListener('pointerdown', e => {
+    root.dragged = false;
+    if (e.button === 0 && svgOf(root) && svgOf(root).contains(e.target)) press = { x: e.clientX, y: e.clientY, moved: false };
+  });
+  drawing.addEventListener('pointermove', e => {
+    if (press && (e.buttons & 1)) {
+      const dx = e.clientX - press.x, dy = e.clientY - press.y;
+      if (!press.moved && Math.hypot(dx, dy) < 4) return;
+      if (!press.moved) { press.moved = true; drawing.setPointerCapture(e.pointerId); root.classList.add('v41-dragging'); }
+      panBy(root, -dx, -dy);
+      press.x = e.clientX; press.y = e.clientY;
+      tip.style.display = 'none';
+      return;
+    }
+    const box = boxOf(e);
+    if (!box) { tip.style.display = 'none'; return; }
+    const r = root.getBoundingClientRect();
+    tip.textContent = box.dataset.tip;
+    tip.style.display = 'block';
+    tip.style.left = Math.max(0, Math.min(e.clientX - r.left + 14, r.width - tip.offsetWidth - 4)) + 'px';
+    tip.style.top = (e.clientY - r.top + 16) + 'px';
+  });
+  const release = () => {
+    if (press && press.moved) { root.dragged = true; root.classList.remove('v41-dragging'); }
+    press = null;
+  };
+  drawing.addEventListener('pointerup', release);
+  drawing.addEventListener('pointercancel', release);
+  drawing.addEventListener('pointerleave', () => { tip.style.display = 'none'; });
+  new ResizeObserver(() => { if (svgOf(root)) { setHeight(root); apply(root); } }).observe(drawing);
+  return root;
+}
+
+export default function ({ data, parentElement, setTriggerValue }) {
+  const root = parentElement.querySelector('.v41-root') || build(parentElement);
+  root.trigger = setTriggerValue;
+  if (root.drawn !== data.html) show(root, data);
+  if (data.centre && data.centre[1] && data.centre[1] !== root.centred) {
+    root.centred = data.centre[1];
+    centreOn(root, data.centre[0]);
   }
 }
 """
 
 CSS = """
 .v41-root { position: relative; }
+.v41-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 4px; margin: 0 0 4px 0; font-size: 12px;
+           color: #374151; }
+.v41-bar button { font: inherit; line-height: 1.4; padding: 1px 9px; min-width: 30px; color: #111827;
+                  background: white; border: 1px solid #cbd5e1; border-radius: 4px; cursor: pointer; }
+.v41-bar button:hover, .v41-bar button:focus-visible { border-color: #3b6ea5; outline: none; }
+.v41-zoom { min-width: 3.2em; text-align: right; font-variant-numeric: tabular-nums; }
+.v41-hint { color: #6b7280; margin-left: 6px; }
+.v41-spacer { flex: 1; }
 .v41-legend { display: flex; flex-wrap: wrap; gap: 2px 14px; font-size: 12px; color: #374151; margin: 0 0 6px 4px; }
 .v41-legend span { display: inline-flex; align-items: center; gap: 5px; }
-.v41-diagram { display: block; width: 100%; height: auto; font-family: inherit; user-select: none; }
+.v41-paint-legend span:first-child { font-weight: 600; }
+.v41-drawing { outline: none; }
+.v41-drawing:focus-visible .v41-diagram { outline: 2px solid #3b6ea5; outline-offset: 1px; }
+.v41-diagram { display: block; width: 100%; font-family: inherit; user-select: none; background: white;
+               border: 1px solid #e5e7eb; border-radius: 4px; cursor: grab; }
+.v41-dragging .v41-diagram { cursor: grabbing; }
+.v41-small .v41-shape { display: none; }
 .v41-box { cursor: pointer; outline: none; }
-.v41-box:hover .v41-card, .v41-box:focus-visible .v41-card { stroke-width: 2.2; }
-.v41-box.v41-selected .v41-card { stroke: #dc2626; stroke-width: 3; }
+.v41-box:hover > .v41-card, .v41-box:focus-visible > .v41-card { stroke-width: 2.2; }
+.v41-box.v41-selected > .v41-card { stroke: #dc2626; stroke-width: 3; }
+.v41-toggle { cursor: pointer; outline: none; }
+.v41-toggle:hover, .v41-toggle:focus-visible { stroke: #3b6ea5; stroke-width: 1.8; }
 .v41-tip { display: none; position: absolute; z-index: 5; max-width: 360px; padding: 5px 8px; font-size: 12px;
            line-height: 1.35; white-space: pre-line; pointer-events: none; background: white;
            border: 1px solid #cbd5e1; border-radius: 4px; box-shadow: 0 2px 6px rgba(0, 0, 0, 0.12); }
@@ -65,13 +273,22 @@ CSS = """
 _component = st.components.v2.component("v41viz.diagram", js=JS, css=CSS, isolate_styles=False)
 
 
-def diagram(html: str, key: str, on_pick: Callable[[], None]) -> None:
-    """Draw the diagram (legend + SVG from v41viz.arch.diagram); on_pick runs before the rerun a click starts and
-    finds the clicked node with picked(key)."""
-    _component(key=key, data=html, on_pick_change=on_pick)
+def diagram(html: str, key: str, on_pick: Callable[[], None], on_toggle: Callable[[], None],
+            centre: tuple[str, int] = ("", 0)) -> None:
+    """Draw the diagram (legend + SVG from v41viz.arch.diagram). on_pick / on_toggle run before the rerun a click on
+    a box / on an open-close control starts; picked(key) / toggled(key) read what was clicked. centre: (node, n) —
+    the view centres on node whenever n changes (a search, a selection made outside the drawing)."""
+    _component(key=key, data={"html": html, "centre": list(centre)}, on_pick_change=on_pick,
+               on_toggle_change=on_toggle)
 
 
 def picked(key: str) -> str | None:
     """The node a click on the diagram under `key` just selected (None outside its callback)."""
     value = st.session_state.get(key)
     return value.get("pick") if hasattr(value, "get") else None
+
+
+def toggled(key: str) -> str | None:
+    """'attn' or 'ffn': the box whose open / close control was just clicked (None outside its callback)."""
+    value = st.session_state.get(key)
+    return value.get("toggle") if hasattr(value, "get") else None

@@ -1,0 +1,134 @@
+"""End-to-end: the readable diagram (issue 20, item 1) in headless Chromium — zoom, fit, search, open an attention
+box into its steps, a step's details, and the SVG / PNG export."""
+from __future__ import annotations
+
+import re
+import shutil
+import xml.etree.ElementTree as ET
+
+from tests.browser_helpers import WAIT_PAGE, open_architecture
+
+WAIT_RERUN = 30_000
+SVG = "{http://www.w3.org/2000/svg}"
+
+IN_VIEW_JS = """node => {   // the box of `node` lies inside the visible drawing
+  const svg = document.querySelector('svg.v41-diagram'), s = svg.getBoundingClientRect();
+  const boxes = [...svg.querySelectorAll('.v41-box')].filter(g => g.dataset.node === node);
+  return boxes.some(g => { const r = g.getBoundingClientRect();
+    return r.width > 0 && r.left >= s.left - 1 && r.right <= s.right + 1 && r.top >= s.top - 1 && r.bottom <= s.bottom + 1; });
+}"""
+ALL_IN_VIEW_JS = """() => {
+  const svg = document.querySelector('svg.v41-diagram'), s = svg.getBoundingClientRect();
+  return [...svg.querySelectorAll('.v41-box')].every(g => { const r = g.getBoundingClientRect();
+    return r.left >= s.left - 1 && r.right <= s.right + 1 && r.top >= s.top - 1 && r.bottom <= s.bottom + 1; });
+}"""
+
+
+def zoom(page) -> int:
+    return int(page.locator(".v41-zoom").inner_text().rstrip("%"))
+
+
+def shot(page, name: str, screenshots) -> None:
+    path = screenshots / f"architecture_diagram_{name}.png"
+    page.screenshot(path=str(path))
+    shutil.copy(path, f"/tmp/diagram_{name}.png")
+
+
+def test_zoom_fit_search_open_a_step_and_export(server, browser, screenshots, tmp_path):
+    base, log_path = server
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash", width=1600, height=1300)
+    shot(page, "first_view", screenshots)
+    first = zoom(page)
+    assert 90 <= first <= 125                           # the width fit: readable, never more than 125 %
+    labels = page.locator("svg.v41-diagram text.v41-shape")
+    assert labels.filter(has_text="[B, S, 4, 5120]").first.is_visible()   # shapes on the arrows
+    # zoom: the + button, then Ctrl + wheel over the drawing
+    page.get_by_role("button", name="zoom in").click()
+    assert zoom(page) > first
+    box = page.locator("svg.v41-diagram").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 200)
+    before = zoom(page)
+    page.keyboard.down("Control")
+    page.mouse.wheel(0, -400)
+    page.keyboard.up("Control")
+    page.wait_for_function(f"() => parseInt(document.querySelector('.v41-zoom').textContent) > {before}")
+    # fit: the whole drawing in view, the shape labels hidden once they would be too small to read
+    page.get_by_role("button", name="Fit", exact=True).click()
+    assert page.evaluate(ALL_IN_VIEW_JS)
+    if zoom(page) < 80:
+        assert not labels.first.is_visible()
+    shot(page, "fit", screenshots)
+    # keyboard: W fits the width again
+    page.locator(".v41-drawing").focus()
+    page.keyboard.press("w")
+    assert zoom(page) == first
+    # search: the first match is selected and centred in the view
+    search = page.get_by_role("textbox", name="Find a module")
+    search.fill("layers.3.attn")
+    search.press("Enter")
+    page.wait_for_function("() => location.search.includes('node=layers.3.attn')", timeout=WAIT_RERUN)
+    page.locator(".v41-box.v41-selected[data-node='layers.3.attn']").wait_for(timeout=WAIT_RERUN)
+    page.wait_for_function(IN_VIEW_JS, arg="layers.3.attn", timeout=WAIT_RERUN)
+    assert page.get_by_text("1 of 9").is_visible()      # the box and its steps: q_lora, kv_proj, ...
+    assert "inside layers.3 (one of 5: layers 3–7)" in page.locator(".v41-root").inner_text()
+    # open the attention box into its steps, then pick one
+    page.locator(".v41-box[data-key='detail:layers.3.attn']").click()
+    page.wait_for_function("() => location.search.includes('open=attn')", timeout=WAIT_RERUN)
+    rope = page.locator(".v41-box[data-node='layers.3.attn.rope']")
+    rope.wait_for(timeout=WAIT_RERUN)
+    steps = page.locator(".v41-box[data-key^='step:layers.3.attn.']")
+    assert sorted(steps.evaluate_all("gs => gs.map(g => g.dataset.node.split('.').pop())")) == [
+        "compressed_kv", "index_reuse", "kv_proj", "q_lora", "rope", "sparse_attn", "wo"]   # no compressor, no indexer
+    for reuse in ("compressed_kv", "index_reuse"):     # both read layer 2's
+        assert "layer 2" in page.locator(f".v41-box[data-node='layers.3.attn.{reuse}']").text_content()
+    assert labels.filter(has_text="qr [B, S, 1280]").count() == 0      # layer 3 reuses layer 2's index list
+    page.wait_for_function(IN_VIEW_JS, arg="layers.3.attn.rope", timeout=WAIT_RERUN)
+    rope.click()
+    panel = page.locator(".st-key-details_panel")
+    panel.get_by_text("Rotary position embedding with YaRN").first.wait_for(timeout=WAIT_RERUN)
+    assert "[B, S, 64, 512]" in panel.inner_text() and "Engine source: engine.model.rope.apply_rope" in panel.inner_text()
+    page.wait_for_function("() => location.search.includes('node=layers.3.attn.rope')", timeout=WAIT_RERUN)
+    shot(page, "opened_step", screenshots)
+    # export: the whole drawing as SVG (valid XML, every box, the legend shown) and as PNG
+    with page.expect_download() as got:
+        page.get_by_role("button", name=re.compile("SVG")).click()
+    svg_path = tmp_path / got.value.suggested_filename
+    got.value.save_as(svg_path)
+    assert svg_path.name == "deepseek-v4.1-flash-architecture.svg"
+    root = ET.parse(svg_path).getroot()
+    nodes = {g.get("data-node") for g in root.iter(f"{SVG}g")}
+    assert {"embed", "head", "layers.3.attn", "layers.3.attn.rope", "layers.3.attn.index_reuse"} <= nodes
+    legend = root.find(f"{SVG}svg")
+    assert legend.get("class") == "v41-xlegend" and legend.get("display") is None
+    assert root.get("viewBox").split()[1].startswith("-")     # the legend sits above the drawing
+    with page.expect_download() as got:
+        page.get_by_role("button", name=re.compile("PNG")).click()
+    png = tmp_path / "diagram.png"
+    got.value.save_as(png)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width == 2 * int(float(root.get("width"))) and height >= 2 * int(float(root.get("height"))) - 2
+    # the close control folds the steps back into the box
+    page.locator("rect.v41-toggle[data-toggle='attn']").click()
+    page.wait_for_function("() => !location.search.includes('open=')", timeout=WAIT_RERUN)
+    page.locator(".v41-box[data-node='layers.3.attn.rope']").wait_for(state="detached", timeout=WAIT_RERUN)
+    page.close()
+    log = log_path.read_text()
+    assert "Traceback" not in log, log
+
+
+def test_the_view_survives_a_rerun_and_a_v4_hash_layer_opens_its_moe(server, browser, screenshots):
+    base, _ = server
+    page = open_architecture(browser, base + "/architecture?config=tiny-v4&node=layers.0.ffn&open=ffn", height=1300)
+    page.locator(".v41-box[data-node='layers.0.ffn.combine']").wait_for(timeout=WAIT_PAGE)
+    assert page.locator(".v41-box").filter(has_text="Hash router").count() == 1
+    page.get_by_role("button", name="zoom in").click()
+    page.get_by_role("button", name="zoom in").click()
+    zoomed = zoom(page)
+    page.locator(".v41-box[data-node='layers.0.ffn.experts']").click()
+    page.wait_for_function("() => location.search.includes('node=layers.0.ffn.experts')", timeout=WAIT_RERUN)
+    page.locator(".st-key-details_panel").get_by_text("Routed experts").first.wait_for(timeout=WAIT_RERUN)
+    assert zoom(page) == zoomed                       # a click redraws the drawing, the view stays
+    shot(page, "v4_hash_moe", screenshots)
+    page.close()
