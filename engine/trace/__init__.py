@@ -1,4 +1,4 @@
-"""The Trace: records, the recorder and accessors (trace.py), tables (tables.py, decode.py), files (formats.py)."""
+"""The Trace (trace.py) over a columnar recorder (recorder.py, columns.py); tables (tables.py, decode.py); files."""
 from .formats import trace_format
 from .records import FACT_FIELDS, FACT_KINDS, MHC_SITES, DSparkStep, TokenRecord, TraceBudget, layer_path, path_order
 from .tables import TABLES, TraceFormatError

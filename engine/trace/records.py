@@ -16,6 +16,13 @@ FACT_FIELDS: dict[str, tuple[str, ...]] = {
     "engram": ("compressed_ids", "row_ids", "gates"),
     "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
 }
+# What each field is stored as (model tensors of other dtypes are converted exactly: bf16 -> fp32, int32 -> int64).
+FACT_DTYPES: dict[str, tuple[str, ...]] = {
+    "moe": ("int64", "float32", "float32", "bool"),
+    "mhc": ("float32",) * 5,
+    "engram": ("int64", "int64", "float32"),
+    "attention": ("int64", "float32", "float32", "float32"),
+}
 FACT_KINDS = tuple(FACT_FIELDS)
 MHC_SITES = ("attn", "ffn")
 
@@ -140,10 +147,6 @@ def arrays_equal(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
-
-
-def tuples_equal(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(arrays_equal(x, y) for x, y in zip(a, b))
 
 
 def records_equal(a: dict, b: dict) -> bool:

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..spec.errors import InputError
+from .fact_tables import fact_table
 from .records import FACT_FIELDS, DSparkStep, TokenRecord, TraceBudget
 
 FORMAT = "v41viz-trace"
@@ -61,6 +62,11 @@ def build_tables(trace: TraceReader, only: str | None = None) -> tuple[dict[str,
         raise KeyError(f"unknown trace table {only!r}; tables are {', '.join(TABLES)}")
     tables, schema = {}, {}
     for name in names:
+        if name in FACT_FIELDS and hasattr(trace, "fact_columns"):  # whole columns at a time
+            built = fact_table(name, trace.fact_columns(name), KEYS[name], VALUES[name], PAD, column_names)
+            if built is not None:
+                tables[name], schema[name] = built
+                continue
         records = _records(trace, name)
         keys = {k: [r[0][k] for r in records] for k in KEYS[name]}
         cols = {k: _column(v, KEYS[name][k]) for k, v in keys.items()}

@@ -1,66 +1,29 @@
 """Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, tokens, DSpark)."""
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from ..spec.errors import InputError
-from .arrays import as_list, as_numpy, as_numpy_many
 from .decode import decode_tables
 from .formats import read_tables, read_tables_bytes, trace_format, write_tables
-from .records import FACT_FIELDS, MHC_SITES, DSparkStep, TokenRecord, TraceBudget, layer_path, path_order, tuples_equal
+from .recorder import FactRecorder
+from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
 from .tables import TraceFormatError, build_tables
 
 
-class Trace:
-    """Records facts during forward/generate. Pass it explicitly; with no trace nothing is recorded."""
+class Trace(FactRecorder):
+    """Records facts during forward/generate. Pass it explicitly; with no trace nothing is recorded.
+
+    The model's per-token facts go into numpy columns (FactRecorder); generation adds the tokens (with top-k
+    logits) and the DSpark steps. The tables, files and queries read them."""
 
     def __init__(self, budget: TraceBudget | None = None, meta: dict[str, Any] | None = None):
-        self.budget = budget or TraceBudget()
+        super().__init__(budget)
         self.meta: dict[str, Any] = dict(meta or {})
-        self.omitted: Counter[str] = Counter()
-        # row -> pos -> (kind, path, site) -> field arrays (in FACT_FIELDS order)
-        self._facts: dict[int, dict[int, dict[tuple[str, str, str], tuple[np.ndarray, ...]]]] = {}
-        self._n_token_slots = 0
         self._tokens: dict[int, dict[int, TokenRecord]] = {}
         self.dspark_steps: list[DSparkStep] = []
-
-    # ---- what the model calls -------------------------------------------------------------
-    def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
-        if self._skipped("moe", path, positions):
-            return
-        ids = as_numpy(ids, np.int64)
-        vision = np.zeros(ids.shape[:2], bool) if vision is None else as_numpy(vision, bool)
-        weights, scores = as_numpy_many((weights, scores))
-        self._record("moe", path, "", rows, positions, (ids, weights, scores, vision))
-
-    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
-        if site not in MHC_SITES:
-            raise InputError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
-        if self._skipped("mhc", path, positions):
-            return
-        self._record("mhc", path, site, rows, positions,
-                     tuple(as_numpy_many((pre, post, comb, row_err, col_err))))
-
-    def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
-        if self._skipped("engram", path, positions):
-            return
-        self._record("engram", path, "", rows, positions,
-                     (*as_numpy_many((compressed_ids, row_ids), np.int64), as_numpy(gates)))
-
-    def wants_attention(self, path: str) -> bool:
-        a = self.budget.attention
-        chosen = a if isinstance(a, bool) else (path in a or layer_path(path) in a)
-        return chosen and self.budget.keeps_layer(path)
-
-    def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
-        if not self.wants_attention(path) or self._skipped("attention", path, positions):
-            return
-        self._record("attention", path, "", rows, positions,
-                     (as_numpy(topk, np.int64), *as_numpy_many((window_mass, compressed_mass, sink_mass))))
 
     # ---- what generation calls ------------------------------------------------------------
     def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
@@ -80,6 +43,7 @@ class Trace:
                      logits=None) -> None:
         """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k and the
         token's log-probability."""
+        self._flush()  # once per step: the GPU records of the step are written and their pinned memory freed
         rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
         if logits is not None:
             self._predicted(rec, logits)
@@ -103,10 +67,7 @@ class Trace:
 
     def rollback(self, row: int, pos: int) -> None:
         """Forget every record of `row` at positions >= pos (rejected speculative tokens)."""
-        facts = self._facts.get(row, {})
-        for p in [p for p in facts if p >= pos]:
-            del facts[p]
-            self._n_token_slots -= 1
+        self._drop_facts(row, pos)
         tokens = self._tokens.get(row, {})
         for p in [p for p in tokens if p >= pos]:
             del tokens[p]
@@ -114,27 +75,11 @@ class Trace:
 
     # ---- accessors ------------------------------------------------------------------------
     def rows(self) -> list[int]:
-        return sorted(set(self._facts) | set(self._tokens) | {s.row for s in self.dspark_steps})
+        return sorted(set(self._slots.by_row) | set(self._tokens) | {s.row for s in self.dspark_steps})
 
     def tokens(self, row: int = 0) -> list[TokenRecord]:
         """The row's prompt and generated tokens in position order."""
         return [rec for _, rec in sorted(self._tokens.get(row, {}).items())]
-
-    def paths(self, kind: str) -> list[str]:
-        found = {key[1] for by_pos in self._facts.values() for f in by_pos.values() for key in f if key[0] == kind}
-        return sorted(found, key=path_order)
-
-    def fact(self, kind: str, path: str, row: int, pos: int, site: str = "") -> dict[str, np.ndarray] | None:
-        """One record as {field: array}, or None when it was not recorded."""
-        values = self._facts.get(row, {}).get(pos, {}).get((kind, path, site))
-        return None if values is None else dict(zip(FACT_FIELDS[kind], values))
-
-    def facts(self, kind: str):
-        """Every record of a kind, ordered by (path depth, site, row, pos): (path, site, row, pos, fields)."""
-        out = [(key[1], key[2], row, pos, values) for row, by_pos in self._facts.items()
-               for pos, f in by_pos.items() for key, values in f.items() if key[0] == kind]
-        out.sort(key=lambda r: (path_order(r[0]), r[1], r[2], r[3]))
-        return out
 
     def mhc_matrix(self, path: str, site: str, row: int, pos: int) -> np.ndarray:
         rec = self.fact("mhc", path, row, pos, site)
@@ -172,8 +117,7 @@ class Trace:
 
     def expert_load(self, path: str, n_experts: int | None = None) -> np.ndarray:
         """How many recorded tokens routed to each expert of a layer (counts over the kept tokens)."""
-        ids = [values[0] for p, _, _, _, values in self.facts("moe") if p == path]
-        flat = np.concatenate([i.reshape(-1) for i in ids]) if ids else np.zeros(0, np.int64)
+        flat = self._all_values("moe", path, "", 0)
         size = n_experts if n_experts is not None else (int(flat.max()) + 1 if flat.size else 0)
         return np.bincount(flat, minlength=size).astype(np.int64)
 
@@ -186,8 +130,7 @@ class Trace:
         return build_tables(self, only=name)[0][name]
 
     def summary(self) -> dict[str, Any]:
-        counts = Counter(key[0] for by_pos in self._facts.values() for f in by_pos.values() for key in f)
-        return {"rows": self.rows(), "token_slots": self._n_token_slots, "records": dict(counts),
+        return {"rows": self.rows(), "token_slots": self._slots.count, "records": self._counts(),
                 "tokens": sum(len(t) for t in self._tokens.values()), "dspark_steps": len(self.dspark_steps),
                 "omitted": dict(self.omitted)}
 
@@ -203,12 +146,7 @@ class Trace:
         contents = decode_tables(tables, header)
         trace = cls(contents.budget, contents.meta)
         trace.omitted.update(contents.omitted)
-        for kind, path, site, row, pos, values in contents.facts:
-            by_pos = trace._facts.setdefault(row, {})
-            if pos not in by_pos:
-                by_pos[pos] = {}
-                trace._n_token_slots += 1
-            by_pos[pos][(kind, path, site)] = values
+        trace._restore_facts(contents.facts)
         for rec in contents.tokens:
             trace._tokens.setdefault(rec.row, {})[rec.pos] = rec
         trace.dspark_steps.extend(contents.dspark_steps)
@@ -244,54 +182,7 @@ class Trace:
             return False
         if _nonempty(self._tokens) != _nonempty(other._tokens):
             return False
-        mine, theirs = _nonempty(self._facts), _nonempty(other._facts)
-        if mine.keys() != theirs.keys():
-            return False
-        for row, by_pos in mine.items():
-            if by_pos.keys() != theirs[row].keys():
-                return False
-            for pos, f in by_pos.items():
-                g = theirs[row][pos]
-                if f.keys() != g.keys() or not all(tuples_equal(f[k], g[k]) for k in f):
-                    return False
-        return True
-
-    # ---- internals ------------------------------------------------------------------------
-    def _admit(self, row: int, pos: int) -> bool:
-        by_pos = self._facts.setdefault(row, {})
-        if pos in by_pos:
-            return True
-        if self.budget.max_tokens is not None and self._n_token_slots >= self.budget.max_tokens:
-            return False
-        by_pos[pos] = {}
-        self._n_token_slots += 1
-        return True
-
-    def _skipped(self, kind: str, path: str, positions) -> bool:
-        """Check the positions' shape; count and skip a layer outside the budget before any copying."""
-        if len(positions.shape) != 2:
-            raise InputError(f"record_{kind}({path}): positions must be [B, S], got shape {tuple(positions.shape)}")
-        if self.budget.keeps_layer(path):
-            return False
-        self.omitted[kind] += positions.shape[0] * positions.shape[1]
-        return True
-
-    def _record(self, kind: str, path: str, site: str, rows, positions, arrays: tuple[np.ndarray, ...]) -> None:
-        b, s = tuple(positions.shape)
-        rows = list(range(b)) if rows is None else np.asarray(as_list(rows), dtype=np.int64).reshape(-1).tolist()
-        if len(rows) != b:
-            raise InputError(f"record_{kind}({path}): rows must be [B={b}], got {len(rows)} rows")
-        for name, a in zip(FACT_FIELDS[kind], arrays):
-            if a.shape[:2] != (b, s):
-                raise InputError(f"record_{kind}({path}): '{name}' must start with [B={b}, S={s}], got {a.shape}")
-        key = (kind, path, site)
-        for i, (row, row_positions) in enumerate(zip(rows, as_list(positions))):
-            per_token = zip(*(list(a[i]) for a in arrays))  # S tuples of this token's field values
-            for pos, values in zip(row_positions, per_token):
-                if self._admit(row, pos):
-                    self._facts[row][pos][key] = values
-                else:
-                    self.omitted[kind] += 1
+        return self._same_facts(other)
 
 
 def _nonempty(d: dict) -> dict:
