@@ -83,7 +83,8 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
               budget: TraceBudget | None = None) -> BenchResult:
     """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
     twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
-    ratio of traced to untraced time over the back-to-back pairs."""
+    ratio of traced to untraced time over the back-to-back pairs. The default budget is the Inspect page's
+    (every layer, attention facts, top-5 logits), and a traced forward includes each row's token record."""
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
                         seed=seed, device=device, dtype=dtype, options=options)
     g = torch.Generator().manual_seed(seed)
@@ -94,7 +95,7 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
     with torch.inference_mode():
         _timed(model, torch.tensor(prompts, device=device)[:, :2], model.new_cache(batch), None)  # warm-up
         for rep in range(repeats):
-            trace = Trace(budget or TraceBudget(max_tokens=None))
+            trace = Trace(budget or TraceBudget(max_tokens=None, attention=True))
             caches = {False: model.new_cache(batch, prompt_len + new_tokens),
                       True: model.new_cache(batch, prompt_len + new_tokens)}
             tokens = torch.tensor(prompts, device=device)  # [B, prompt_len]
@@ -104,7 +105,8 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
                 order = (False, True) if (rep + i) % 2 == 0 else (True, False)
                 out = {}
                 for traced in order:
-                    dt, out[traced] = _timed(model, tokens, caches[traced], trace if traced else None)
+                    dt, out[traced] = _timed(model, tokens, caches[traced], trace if traced else None,
+                                             (i, prompt_len + i))
                     (prefill if i == 0 else decode)[traced].append(dt)
                 if not torch.equal(out[False], out[True]):
                     raise RuntimeError("bench: traced and untraced logits differ; the trace changed the computation")
@@ -124,12 +126,17 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
         trace_overhead_prefill=over_pre, trace_overhead_decode=over_dec, trace_records=records)
 
 
-def _timed(model, tokens, cache, trace) -> tuple[float, torch.Tensor]:
+def _timed(model, tokens, cache, trace, step_pos=(0, 0)) -> tuple[float, torch.Tensor]:
+    """Seconds of one forward (with a trace: and the token record generation adds per row) and its logits."""
     device = tokens.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = model(tokens, cache, trace=trace, logits="last").logits
+    if trace is not None:
+        step, pos = step_pos
+        for row, logits in enumerate(out[:, -1]):  # [V]: top-k logits and the greedy token's log-probability
+            trace.record_token(row, pos, int(logits.argmax()), "", step=step, step_time_s=0.0, logits=logits)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0, out
