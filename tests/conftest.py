@@ -31,6 +31,9 @@ SLOW = {
                                "[65 s at load average 5, 150 s at 8]",
     "test_e2e_compare_runs.py": "browser tests of the Compare page's Runs tab: two tiny models run, downloaded, "
                                 "uploaded and handed to Inspect [33 s at load average 3.5, 55 s at 6]",
+    "test_e2e_overlay.py": "live data painted on the diagram in a browser: a run of the shipped model on Inspect, the "
+                            "overlay, a token, a box to Inspect and back, a loaded trace, a run diff on Compare [51 s at load "
+                            "average 3.4]",
     "test_e2e_uploads.py": "hostile config uploads through the browser, with the server's memory watched [30 s at "
                            "load average 5, 150 s at 12]",
     # a fresh process

@@ -1,7 +1,9 @@
 """AppTest of the app shell and the architecture page: load, URL restore, selection, expansion, every preset."""
+import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -212,3 +214,75 @@ def test_details_beside_the_diagram_on_request():
     at.switch_page("pages/compare.py").run()
     at.switch_page("pages/architecture.py").run()
     assert beside(at)                # the choice survives a visit to another page
+
+
+def drawing(at, key: str) -> str:
+    """The HTML the diagram component under `key` was given (legend + SVG)."""
+    for el in at.get("bidi_component"):
+        if el.proto.id.endswith(key):
+            return json.loads(el.proto.json)["html"]
+    raise AssertionError(f"no diagram component {key!r}")
+
+
+def painted(html: str) -> dict[str, str]:
+    """Painted box id → the value written on it."""
+    out = {}
+    for m in re.finditer(r'<g class="v41-box v41-painted[^"]*" data-node="([^"]+)".*?</g>', html, re.S):
+        out[m[1]] = re.findall(r'<text class="v41-value"[^>]*>([^<]*)</text>', m[0])[0]
+    return out
+
+
+def test_live_data_says_how_to_get_a_run_before_there_is_one():
+    at = app(config="tiny-v4.1")
+    assert not at.exception, at.exception
+    assert any("no run yet" in m.value and "Inspect" in m.value for m in at.markdown)
+    assert "arch_overlay" not in [t.key for t in at.toggle] and not painted(drawing(at, "diagram:tiny-v4.1"))
+
+
+def test_live_data_paints_a_run_repaints_a_token_and_links_to_inspect_and_back():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["model"] = "tiny-v4.1"
+    at.run()
+    at.switch_page("pages/inspect.py").run()
+    at.text_area(key="inspect_prompt").input("The quick brown fox")
+    at.number_input(key="inspect_max_new").set_value(6)
+    at.toggle(key="inspect_dspark").set_value(True)
+    at.button(key="FormSubmitter:inspect_form-Generate").click().run()
+    assert not at.exception, at.exception
+    trace = at.session_state["inspect_live_run"].trace
+    at.switch_page("pages/architecture.py").run()
+    assert at.title[0].value == "deepseek-v4.1-flash" and at.toggle(key="arch_overlay").value is False
+    assert not painted(drawing(at, "diagram:deepseek-v4.1-flash"))
+    at.toggle(key="arch_overlay").set_value(True).run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "tiny-v4.1"             # the run's config is drawn, and the page says so
+    assert any("now shows tiny\\-v4\\.1" in i.value for i in at.info)
+    values = painted(drawing(at, "diagram:tiny-v4.1"))
+    load = trace.expert_load("layers.3.ffn", 8)
+    assert values["layers.3"] == f"{load.max() / load.mean() - 1:.2f}"           # max/mean − 1 of the layer's load
+    assert set(values) >= {f"layers.{i}" for i in range(10)} | {"mtp.0", "mtp.1", "mtp.2"}
+    legend = drawing(at, "diagram:tiny-v4.1").split('<svg class="v41-diagram"', 1)[0]
+    assert "expert load (max/mean − 1) · all tokens" in legend
+    assert query(at, "overlay") == "load" and at.multiselect(key="arch_expand").disabled
+    at.selectbox(key="arch_overlay_metric").set_value("gate").run()
+    gates = painted(drawing(at, "diagram:tiny-v4.1"))
+    assert set(gates) == {"layers.1.engram", "layers.4.engram"}
+    at.selectbox(key="arch_overlay_token").set_value(7).run()
+    one = painted(drawing(at, "diagram:tiny-v4.1"))
+    gate_7 = float(np.mean(trace.fact("engram", "layers.1.engram", 0, 7)["gates"]))
+    assert one["layers.1.engram"] == f"{gate_7:.2f}" and query(at, "otoken") == "7"
+    assert "Engram gate · position 7 · " in drawing(at, "diagram:tiny-v4.1")
+    at.selectbox(key="arch_node").set_value("layers.1.engram").run()
+    assert any("Live data" in m.value and f"**{gate_7:.2f}**" in shown(m.value) for m in at.markdown)
+    at.button(key="overlay_to_inspect").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Inspect a generation"
+    at.switch_page("pages/inspect.py").run()
+    assert at.segmented_control(key="inspect_panel").value == "Engram"
+    assert at.selectbox(key="inspect_node").value == "layers.1.engram"
+    assert at.select_slider(key="inspect_token").value == 7 and at.selectbox(key="inspect_model").value == "tiny-v4.1"
+    at.button(key="back_engram").click().run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "tiny-v4.1" and at.toggle(key="arch_overlay").value is True   # the overlay stays on
+    assert at.selectbox(key="arch_node").value == "layers.1.engram"
+    assert painted(drawing(at, "diagram:tiny-v4.1")) == one

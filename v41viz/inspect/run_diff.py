@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 
 from engine.dspark.metrics import DSparkMetrics, summarize
-from engine.trace import Trace, mhc_gain
+from engine.trace import Trace
 
+from .layer_facts import load_entropy, mean_gate, mhc_gains
 from .trace_model import trace_model
 
 RANDOM_WEIGHTS = "random init"   # how Engine.source (the trace's meta "weights") names seeded random weights
@@ -133,33 +134,6 @@ def routing_frame(a: Trace, b: Trace, shared_prefix: int, row: int = 0) -> pd.Da
         lines.append([f"layers.{layer}.ffn", pos, sorted(x), sorted(y), overlap,
                       overlap / len(x | y) if x | y else math.nan, pos < shared_prefix])
     return pd.DataFrame(lines, columns=ROUTING_COLUMNS)
-
-
-def load_entropy(trace: Trace, path: str, n_experts: int) -> float:
-    """Entropy in bits of a layer's expert load over the recorded tokens: log2(E) when every expert gets the same
-    share, lower when routing concentrates on a few experts."""
-    load = trace.expert_load(path, n_experts or None).astype(np.float64)
-    if load.sum() <= 0:
-        return math.nan
-    p = load[load > 0] / load.sum()
-    return float(-(p * np.log2(p)).sum()) + 0.0
-
-
-def mean_gate(trace: Trace, path: str, row: int) -> float:
-    gates = [float(np.mean(v[2])) for p, _, r, _, v in trace.facts("engram") if p == path and r == row]
-    return float(np.mean(gates)) if gates else math.nan
-
-
-def mhc_gains(trace: Trace, row: int) -> dict[int, float]:
-    """Backbone layer number → the composite mHC gain after the layer's last seam, averaged over positions."""
-    per_layer: dict[int, list[float]] = {}
-    for pos in sorted({pos for p, _, r, pos, _ in trace.facts("mhc") if r == row and p.startswith("layers.")}):
-        after: dict[int, np.ndarray] = {}
-        for path, _, product in trace.mhc_products(row, pos):
-            after[int(path.split(".")[1])] = product   # the later seam of a layer overwrites the earlier one
-        for layer, product in after.items():
-            per_layer.setdefault(layer, []).append(mhc_gain(product))
-    return {layer: float(np.mean(g)) for layer, g in per_layer.items()}
 
 
 def layer_frame(a: Trace, b: Trace, routing: pd.DataFrame, row: int = 0) -> pd.DataFrame:

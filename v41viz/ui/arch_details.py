@@ -8,17 +8,23 @@ from ..arch.details import NodeDetails, display_table, human, node_details
 from ..arch.model_view import ModelView
 from ..arch.search import ModuleIndex
 from ..arch.source import engine_code
+from ..inspect.links import panel_for
+from .overlay_controls import LiveOverlay, open_in_inspect
 from .page_links import to_inspect_button
-from .plain_text import preformatted
+from .plain_text import literal, preformatted
 from .static_table import show_table
 from .url_state import ViewState
 
 
-def details(config_key: str, view: ModelView, index: ModuleIndex, state: ViewState) -> None:
+def details(config_key: str, view: ModelView, index: ModuleIndex, state: ViewState,
+            live: LiveOverlay | None = None) -> None:
     node = state.node
     d = _node_details(config_key, id(view), node, state.expand, view, index)
     st.markdown(f"#### {d.doc.title}")
-    to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
+    if live is None:
+        to_inspect_button(st.session_state.get("config_choice", view.args.name), node)
+    else:
+        live_value(live, node)
     st.markdown(f"`{d.node}` · {d.kind}" + (" · a step of `" + node.rsplit(".", 1)[0] + "`"
                                             if d.type.startswith("step:") else ""))
     st.markdown(f"*{d.doc.summary}*")
@@ -51,6 +57,28 @@ def details(config_key: str, view: ModelView, index: ModuleIndex, state: ViewSta
         st.info(f"Engine source: {src.message}.")
     elif not src.pieces:
         st.caption("Engine source: no engine code is mapped to this module.")
+
+
+def live_value(live: LiveOverlay, node: str) -> None:
+    """The painted value of the selected box, and the Inspect panel that shows the run's data for it at this layer
+    (the same run, at the overlay's token)."""
+    o = live.overlay
+    cell = o.cells.get(node)
+    with st.container(border=True, key="arch_live_value"):
+        if cell is None:
+            st.markdown(f":material/sensors: **Live data** · {literal(o.title)}: no value on `{node}` (painted: "
+                        f"{o.painted} boxes).")
+        else:
+            st.markdown(f":material/sensors: **Live data** · {literal(o.title)}: **{literal(cell.text)}**")
+            st.caption(literal(cell.detail, 2000))
+        panel = panel_for(node)
+        if panel is None:
+            st.caption("Inspect has no live panel for this module.")
+            return
+        token = "" if live.pos is None else f", token at position {live.pos}"
+        if st.button(f"Open `{node}` in Inspect → {panel} panel (this run{token})", key="overlay_to_inspect",
+                     icon=":material/monitoring:"):
+            open_in_inspect(live, node)
 
 
 @st.cache_resource(max_entries=512, show_spinner=False)

@@ -20,6 +20,7 @@ from ..arch.substep_docs import describe_step
 from ..arch.substeps import OPENABLE
 from .diagram_component import diagram as draw_diagram
 from .diagram_component import picked, toggled
+from .overlay_controls import LiveOverlay, paint
 from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
 from .static_table import show_table
@@ -102,8 +103,9 @@ def _toggle(which: str, index: ModuleIndex) -> None:
         st.session_state[NODE] = step.parent
 
 
-def write_url(state: ViewState) -> None:
-    want = to_query(state)
+def write_url(state: ViewState, extra: dict[str, str] | None = None) -> None:
+    """The view's URL; extra: parameters of the live overlay (its metric and token)."""
+    want = to_query(state) | (extra or {})
     if dict(st.query_params) != want:
         st.query_params.from_dict(want)
 
@@ -112,7 +114,8 @@ def header(config_key: str, view: ModelView) -> None:
     a, acc = view.args, view.accounting.to_json()
     uploaded = config_key.startswith(UPLOAD_PREFIX)      # its name is the user's file name: shown literally
     st.title((literal(a.name) if uploaded else a.name) or "uploaded config")
-    st.caption(f"{a.family.upper()} family · drawn from config.json (an illustration of the config — no live data)")
+    st.caption(f"{a.family.upper()} family · drawn from config.json (an illustration of the config; live data appear "
+               "only where the Live data panel paints a run's facts on it)")
     cols = st.columns(6)
     cols[0].metric("parameters (total)", human(acc["params"]["total"]))
     cols[1].metric("activated / decode token", human(acc["params"]["activated_decode"]))
@@ -169,8 +172,9 @@ def details_beside() -> bool:
     return bool(st.session_state.get(BESIDE, False))
 
 
-def controls(view: ModelView, index: ModuleIndex) -> None:
-    """The search box (with previous / next over its matches), the module picker and the folded groups."""
+def controls(view: ModelView, index: ModuleIndex, painting: bool = False) -> None:
+    """The search box (with previous / next over its matches), the module picker and the folded groups (all drawn
+    unfolded while live data paints the diagram)."""
     c1, c2, c3, c4 = st.columns([2.3, 1.4, 2.9, 2.4], vertical_alignment="bottom")
     c1.text_input("Find a module", key=SEARCH, placeholder="layers.12.attn · indexer · engram · rope",
                   on_change=_on_search, args=(index,), help="Path or name; Enter selects the first match and "
@@ -187,7 +191,8 @@ def controls(view: ModelView, index: ModuleIndex) -> None:
     c3.selectbox("Module", list(index.labels), key=NODE, format_func=lambda n: f"{n} — {index.labels[n]}")
     c4.multiselect("Expand folded groups", [gr.id for gr in view.foldable], key=EXPAND,
                    format_func=lambda i: next(gr.label for gr in view.foldable if gr.id == i),
-                   placeholder="show these groups layer by layer")
+                   placeholder="every layer is drawn while live data paints" if painting
+                   else "show these groups layer by layer", disabled=painting)
 
 
 def _on_search(index: ModuleIndex) -> None:
@@ -204,12 +209,18 @@ def _next_hit(index: ModuleIndex, step: int) -> None:
         st.session_state[FOUND] = hits[st.session_state[HIT]]
 
 
-def diagram(config_key: str, view: ModelView, index: ModuleIndex, state: ViewState) -> None:
+def diagram(config_key: str, view: ModelView, index: ModuleIndex, state: ViewState,
+            live: LiveOverlay | None = None) -> None:
+    """The drawing; with a live overlay every layer is drawn on its own (a folded group has no single value) and
+    the boxes are painted with the run's values."""
     role = _role(view, index, state.node)
     focus = role.layer if role is not None else st.session_state.get("arch_focus", view.default_focus())
     st.session_state["arch_focus"] = focus
     key = f"diagram:{config_key}"
-    html = _drawing(config_key, id(view), state.node, state.expand, focus, state.open, view, index)
+    expand = tuple(sorted(gr.id for gr in view.foldable)) if live is not None else state.expand
+    html = _drawing(config_key, id(view), state.node, expand, focus, state.open, view, index)
+    if live is not None:
+        html = paint(html, live)
     draw_diagram(html, key=key, on_pick=partial(_on_pick, key), on_toggle=partial(_on_toggle, key),
                  centre=(state.node, st.session_state.get(CENTRE, 0)))
 
@@ -217,6 +228,13 @@ def diagram(config_key: str, view: ModelView, index: ModuleIndex, state: ViewSta
 def _role(view: ModelView, index: ModuleIndex, node: str):
     step = index.steps.get(node)
     return view.graph.nodes[step.parent if node not in view.graph else node]["role"]
+
+
+def unfolded_drawing(config_key: str, view: ModelView, index: ModuleIndex, node: str, focus: int) -> str:
+    """The diagram with every layer on its own and no box opened (what a painted overlay draws), shared with the
+    Compare page's run diff."""
+    expand = tuple(sorted(gr.id for gr in view.foldable))
+    return _drawing(config_key, id(view), node, expand, focus, (), view, index)
 
 
 def _on_pick(key: str) -> None:

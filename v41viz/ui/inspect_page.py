@@ -9,9 +9,9 @@ from ..inspect.tokens import literal_text_html, whitespace_note
 from . import engine_session
 from .inspect_stream import LIVE, SHOWN
 from .page_links import INSPECT_JUMP
+from .page_links import LOADED_RUN as LOADED
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
-LOADED = "inspect_loaded_run"
 UPLOAD_ERROR = "inspect_upload_error"
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 

@@ -13,10 +13,11 @@ from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_detail_html, token_table
 from ..inspect.trace_model import shown_text, trace_model
 from . import inspect_link
+from .page_links import INSPECT_TOKEN as TOKEN
+from .page_links import INSPECT_TOKEN_RUN as TOKEN_RUN
 from .page_links import to_diagram_button
 
-PANEL, NODE, TOKEN = "inspect_panel", "inspect_node", "inspect_token"
-TOKEN_RUN = "inspect_token_run"   # serial of the run the selected token belongs to
+PANEL, NODE = "inspect_panel", "inspect_node"
 ALL = "(all modules)"
 CHART = {"width": "stretch", "config": {"displayModeBar": False}}
 

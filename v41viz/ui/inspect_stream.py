@@ -12,8 +12,9 @@ from ..inspect import background
 from ..inspect.run import GenSettings, LiveRun, new_trace, status_sentence
 from ..inspect.tokens import literal_text_html
 from . import engine_session
+from .page_links import LIVE_RUN as LIVE
+from .page_links import SHOWN_RUN as SHOWN
 
-LIVE, SHOWN = "inspect_live_run", "inspect_shown"
 STATUS_STOP = "[data-testid='stStatusWidget'] button"
 POLL_S = 0.2
 

@@ -13,6 +13,10 @@ from .url_state import UPLOAD_PREFIX
 
 ARCH_JUMP = "arch_jump"          # node the architecture page selects on its next run
 INSPECT_JUMP = "inspect_jump"    # (config key, node) the Inspect page filters to on its next run
+# The Inspect page's runs and token choice in the session, which the Architecture page's overlay reads and seeds (named
+# here because that page imports no engine module)
+LIVE_RUN, LOADED_RUN, SHOWN_RUN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
+INSPECT_TOKEN, INSPECT_TOKEN_RUN = "inspect_token", "inspect_token_run"
 
 
 def diagram_config(choice_key: str, config_path, args) -> str:

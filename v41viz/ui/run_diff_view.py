@@ -17,6 +17,7 @@ from ..inspect.export import trace_bytes
 from ..inspect.panel_style import thinned_categories, titled
 from ..inspect.run_diff import RunDiff, TokenAlignment, diff_traces
 from ..inspect.tokens import visible
+from .diff_diagram import diff_on_diagram
 from .plain_text import literal
 from .static_table import show_table
 
@@ -63,6 +64,7 @@ def show_diff(a: Side, b: Side) -> None:
                "by prompt index, new tokens by generation step); outlined: the first divergence. Tokens are "
                "compared by their text. Hover a token for its position, id and the other run's token.")
     layers_table(diff)
+    diff_on_diagram(diff, a.trace, b.trace, a.model)
     routing(diff)
     dspark(diff)
     with st.expander("Every token, aligned"):
