@@ -12,6 +12,7 @@ import pytest
 
 from engine.spec.config import load_config
 from engine.spec.presets import list_presets
+from tests.run_helpers import traced_run
 from v41viz.arch.diagram import diagram_html
 from v41viz.arch.layout import build_layout
 from v41viz.arch.model_view import build_view
@@ -19,7 +20,6 @@ from v41viz.arch.paint import paint_svg
 from v41viz.inspect.overlay import METRICS, RunShape, overlay, token_label
 from v41viz.inspect.overlay_diff import DIFF_METRICS, aligned_positions, diff_overlay
 from v41viz.inspect.overlay_scale import DIVERGING, NOT_RECORDED, SEQUENTIAL, Scale
-from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
 from v41viz.inspect.run_diff import diff_traces
 from v41viz.ui import engine_session
 
@@ -34,11 +34,7 @@ def slots():
 
 
 def _run(slot, prompt: str = PROMPT, **kw):
-    settings = GenSettings(prompt, max_new_tokens=NEW, **kw)
-    run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source, slot.args), slot.choice.key, prompt=prompt)
-    with slot.turn() as engine:
-        generate_into(engine, settings, run, lambda r, p: None)
-    return run.trace
+    return traced_run(slot, prompt, NEW, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import pytest
 
 from engine.dspark.metrics import summarize
 from engine.trace import mhc_gain
+from tests.run_helpers import traced_run
 from v41viz.inspect.export import trace_bytes, trace_from_upload
-from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
+from v41viz.inspect.run import GenSettings
 from v41viz.inspect.run_diff import HASH_ROUTER, LEARNED_ROUTER, chance_jaccard, diff_traces
 from v41viz.inspect.run_pair import start_pair
 from v41viz.ui import engine_session
@@ -37,11 +38,7 @@ def pair(slots):
 
 
 def _run(slot, prompt: str = PROMPT, max_new: int = NEW, **kw):
-    settings = GenSettings(prompt, max_new_tokens=max_new, attention=False, **kw)
-    run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source, slot.args), slot.choice.key, prompt=prompt)
-    with slot.turn() as engine:
-        generate_into(engine, settings, run, lambda r, p: None)
-    return run.trace
+    return traced_run(slot, prompt, max_new, attention=False, **kw)
 
 
 @pytest.fixture(scope="module")
