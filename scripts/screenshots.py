@@ -29,10 +29,14 @@ def architecture(browser, base: str) -> Path:
     page.wait_for_timeout(1000)
     top = page.get_by_role("heading", name="deepseek-v4.1-flash").bounding_box()
     diagram = page.locator(".v41-root").bounding_box()
-    out = DOCS / "architecture.png"
+    return shoot(page, top, diagram, DOCS / "architecture.png")
+
+
+def shoot(page, top: dict, bottom: dict, out: Path) -> Path:
+    """Screenshot from 16 px above the `top` box to 16 px below the `bottom` one, page width less the margins."""
     page.screenshot(path=str(out), clip={"x": top["x"] - 16, "y": top["y"] - 16,
                                          "width": WIDTH - (top["x"] - 16) - 24,
-                                         "height": diagram["y"] + diagram["height"] - top["y"] + 32})
+                                         "height": bottom["y"] + bottom["height"] - top["y"] + 32})
     page.context.close()
     return out
 
@@ -51,12 +55,7 @@ def inspect(browser, base: str) -> Path:
     page.wait_for_timeout(1500)
     top = page.get_by_role("heading", name="Inspect a generation").bounding_box()
     bottom = page.locator(".st-key-experts_touched").bounding_box()
-    out = DOCS / "inspect.png"
-    page.screenshot(path=str(out), clip={"x": top["x"] - 16, "y": top["y"] - 16,
-                                         "width": WIDTH - (top["x"] - 16) - 24,
-                                         "height": bottom["y"] + bottom["height"] - top["y"] + 32})
-    page.context.close()
-    return out
+    return shoot(page, top, bottom, DOCS / "inspect.png")
 
 
 def main() -> None:
