@@ -52,6 +52,8 @@ SLOW = {
     "test_dspark_distribution.py": "a chi-square test over 1000 sampled rows, and its power check [14 s]",
     "test_graphs.py::test_static_body_decodes_like_eager_step_by_step": "24+ decode steps, twice [12 s]",
     "test_graphs.py::test_greedy_dspark_with_graphs_equals_eager": "four speculative runs, twice each [9 s]",
+    "test_speedups_fast.py::test_compiled_decode_equals_eager_decode": "torch.compile of a decode body (inductor, "
+        "gcc) [~2-3 min cold; ~30 s with inductor's disk cache]",
     "test_kernels_engine.py::test_kernel_engine_matches_reference_prefill_and_decode": "Triton interpreter [6 s]",
     "test_kernels_engine.py::test_cli_generate_with_triton_kernels_prints_the_reference_text": "the same [6 s]",
     # host memory measured on a large official-format checkpoint

@@ -140,3 +140,43 @@ def _timed(model, tokens, cache, trace, step_pos=(0, 0)) -> tuple[float, torch.T
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0, out
+
+
+def compiled_decode_rates(args: ModelArgs, *, batch: int = 1, prompt_len: int = 32, steps: int = 31, seed: int = 0,
+                          device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """`bench --compile`: greedy decode of one random-init model, the eager forward against the static decode
+    body run through torch.compile (engine.graphs.GraphedDecoder(compile=True)) on the same tokens: median
+    step tokens/s of each, the seconds the first compiled step took (tracing and compiling; inductor's cache
+    on disk shortens it in later processes) and the largest logit difference between the two."""
+    from ..graphs import GraphedDecoder
+    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=steps + 1, repeats=1, seed=seed,
+                        device=device, dtype=dtype)
+    prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    rows = list(range(batch))
+    with torch.inference_mode():
+        eager_cache = model.new_cache(batch, prompt_len + steps + 1)
+        graph_cache = model.new_cache(batch + 1, prompt_len + steps + 1)   # + the padding rows' scratch row
+        decoder = GraphedDecoder(model, graph_cache, scratch_row=batch, compile=True)
+        out = model(prompts.to(device), eager_cache).logits
+        model(prompts.to(device), graph_cache, rows=rows)
+        times: dict[str, list[float]] = {"eager": [], "compiled": []}
+        diff = 0.0
+        for _ in range(steps):
+            tokens = out.argmax(-1, keepdim=True)                                 # [B, 1] eager greedy
+            t0 = time.perf_counter()
+            out = model(tokens, eager_cache).logits
+            times["eager"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            compiled = decoder.step(tokens.cpu(), rows).logits
+            times["compiled"].append(time.perf_counter() - t0)
+            diff = max(diff, float((compiled.to(out.device) - out).abs().max()))
+    compile_s = times["compiled"].pop(0)                                          # tracing and compiling
+    return {"decode_tokens_per_s": batch / statistics.median(times["eager"][1:]),
+            "decode_tokens_per_s_compiled": batch / statistics.median(times["compiled"]),
+            "first_compiled_step_s": compile_s, "max_logit_difference": diff}
+
+
+def compiled_rate_lines(rates: dict) -> list[str]:
+    return [f"decode tokens/s: eager {rates['decode_tokens_per_s']:,.1f}, torch.compile "
+            f"{rates['decode_tokens_per_s_compiled']:,.1f} (first step, compiling: "
+            f"{rates['first_compiled_step_s']:,.1f} s; logits within {rates['max_logit_difference']:.1e})"]

@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="add decode tokens/s through CUDA graphs (engine.graphs; on the CPU an eager replay "
                              "of the same static decode body) next to the plain forward")
+    parser.add_argument("--compile", action="store_true",
+                        help="add decode tokens/s of the static decode body through torch.compile (inductor), next to "
+                             "the eager forward, and the first step's compile time (minutes on a small CPU the first "
+                             "time; inductor caches on disk)")
     parser.add_argument("--dspark", action="store_true",
                         help="add DSpark on/off rows: tokens/s ratio, tokens per target forward, mean accepted length")
     parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="all",
@@ -71,6 +75,11 @@ def bench(args: argparse.Namespace) -> int:
         from ..bench.gpu import graph_decode_rates
         graphs = graph_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                                     steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
+    compiled = None
+    if getattr(args, "compile", False):
+        from ..bench.cpu import compiled_decode_rates
+        compiled = compiled_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
+                                         steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
     spec = None
     if getattr(args, "dspark", False):
         from ..bench.dspark import run_dspark_bench
@@ -80,11 +89,15 @@ def bench(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
         out = out if graphs is None else {**out, "cuda_graphs": graphs}
+        out = out if compiled is None else {**out, "compile": compiled}
         print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
     else:
+        from ..bench.cpu import compiled_rate_lines
         from ..bench.gpu import graph_rate_lines
         print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
-                        ([] if graphs is None else graph_rate_lines(graphs)) + ([] if spec is None else spec.lines())))
+                        ([] if graphs is None else graph_rate_lines(graphs)) +
+                        ([] if compiled is None else compiled_rate_lines(compiled)) +
+                        ([] if spec is None else spec.lines())))
     return 0
 
 

@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replay decode steps as CUDA graphs (one per batch bucket); on the CPU the same static "
                              "decode body runs eagerly (same output, no speed-up). With --dspark: the target's verify "
                              "forwards (full γ + 1 blocks); the drafter stays eager")
+    parser.add_argument("--compile", action="store_true",
+                        help="run plain decode steps through torch.compile (inductor): several times faster on a CPU "
+                             "once compiled, but compiling takes minutes the first time (cached on disk after); "
+                             "output equal up to float rounding. Not with --dspark")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +89,9 @@ def generate_text(args: argparse.Namespace) -> int:
     check_at_most(args.max_new_tokens, model_args.max_seq_len - 1, "--max-new-tokens",
                   f"what the model's max_seq_len of {model_args.max_seq_len} leaves after a one-token prompt")
     apply_threads(args.threads)
+    if args.compile and args.dspark:
+        raise InputError("--compile compiles plain decode steps; DSpark's verify and draft steps run eagerly, so "
+                         "use one of --compile and --dspark")
     if args.cuda_graphs and not args.device.startswith("cuda"):
         print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
               file=sys.stderr)
@@ -126,7 +133,8 @@ def generate_text(args: argparse.Namespace) -> int:
 
     out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs)
+                               trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs,
+                               **({"compiled": True} if args.compile else {}))
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "

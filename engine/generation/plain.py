@@ -15,11 +15,14 @@ from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_t
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] | None = None,
              stop_tokens: Sequence[int] = (EOS_ID,), on_token: OnToken | None = None, trace: Trace | None = None,
-             token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False) -> GenerationResult:
+             token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False,
+             compiled: bool = False) -> GenerationResult:
     """Generate up to max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
     output does not depend on its batch companions. token_text labels tokens in the trace. cuda_graphs:
     decode steps go through an engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on
-    the CPU the same static body runs eagerly); prefill stays eager."""
+    the CPU the same static body runs eagerly); compiled: that decoder's untraced steps run torch.compile'd
+    (engine.graphs.compiled_body; minutes of compiling first, then several times faster on a CPU, equal up
+    to float rounding); prefill stays eager."""
     args = model.args
     check_max_new_tokens(max_new_tokens)
     params = SamplingParams(float(temperature), top_k, float(top_p))
@@ -30,11 +33,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     generators = make_generators(seeds, device)
     max_len = min(args.max_seq_len, max(len(p) for p in prompts) + max_new_tokens)
     # with graphs, one extra cache row takes the padding rows of a batch bucket
-    cache = model.new_cache(n + 1 if cuda_graphs else n, max_len)
+    graphed = cuda_graphs or compiled
+    cache = model.new_cache(n + 1 if graphed else n, max_len)
     decoder = None
-    if cuda_graphs:
+    if graphed:
         from ..graphs import GraphedDecoder
-        decoder = GraphedDecoder(model, cache, scratch_row=n)
+        decoder = GraphedDecoder(model, cache, scratch_row=n, compile=compiled)
     result = GenerationResult.for_prompts(prompts)
     out = Emitter(result, max_new_tokens, args.max_seq_len, stop_tokens, trace, token_text, on_token)
 

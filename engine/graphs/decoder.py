@@ -7,6 +7,7 @@ from ..model import ForwardOutput
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from .buckets import bucket_for
+from .compiled_body import compiled_body
 from .decode_body import decode_body
 from .replay_mode import capture_for, scratch_row_for
 from .static_inputs import DecodeInputs
@@ -41,14 +42,23 @@ class GraphedDecoder:
     taps [n, S, n_taps·dim]; the caller rolls the cache back to the accepted prefix as in eager decoding.
 
     The body needs the sync-free expert paths of engine.speedups: a model built without them gets them here.
+
+    `compile=True` runs the untraced body through torch.compile (inductor; on the CPU, generated C++): one
+    compiled graph per bucket instead of thousands of small ops a step, at the price of compiling first
+    (minutes on a small CPU; inductor's cache on disk makes later processes much faster). Results equal the
+    eager body's up to float rounding (fused kernels sum in other orders). Like a captured graph, a compiled
+    body holds the weights as traced: build a new decoder after replacing weights. Not combined with capture.
     """
 
     def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
                  warmup: int = 2, min_bucket: int = 1, tokens_per_row: int = 1, logits: str = "last",
-                 return_taps: bool = False):
+                 return_taps: bool = False, compile: bool = False):
         self.model, self.cache = apply_speedups(model), cache
         self.scratch_row = scratch_row_for(scratch_row, cache.batch_size, "the cache's")
-        self.capture = capture_for(model, capture)
+        if compile and capture:
+            raise InputError("compile=True and capture=True: a compiled decode body is not also graph-captured")
+        self.capture = False if compile else capture_for(model, capture)
+        self.compiled = compiled_body() if compile else None
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         if tokens_per_row < 1:
             raise InputError(f"tokens_per_row must be at least 1, got {tokens_per_row}")
@@ -109,7 +119,8 @@ class GraphedDecoder:
 
     def _run(self, st: _Bucket) -> None:
         def body():
-            decode_body(self.model, self.cache, st.inputs, st.sink)
+            run = decode_body if self.compiled is None or st.sink is not None else self.compiled
+            run(self.model, self.cache, st.inputs, st.sink)
 
         if st.graph is not None:
             st.graph.replay()

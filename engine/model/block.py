@@ -56,7 +56,11 @@ class Block(nn.Module):
         f = self.attn(self.attn_norm(collapse(x, pre_in if self.single_pass else a_pre)), ctx)
         x = expand(f, x, a_post, a_comb)
         f_pre, f_post, f_comb = self.mixes(x, "ffn", ctx)
-        xn = self.ffn_norm(collapse(x, a_pre if self.single_pass else f_pre))
+        f = self.moe(self.ffn_norm(collapse(x, a_pre if self.single_pass else f_pre)), ctx)
+        return expand(f, x, f_post, f_comb), f_pre
+
+    def moe(self, xn: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The MoE on the normed collapse xn [B, S, dim] → [B, S, dim], its routing recorded in the trace."""
         if self.ffn.hash_routed:  # V4: the token ids pick the experts
             f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, ctx.tokens)
         else:
@@ -64,4 +68,4 @@ class Block(nn.Module):
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
-        return expand(f, x, f_post, f_comb), f_pre
+        return f

@@ -38,7 +38,8 @@ class ForwardContext:
 
     @property
     def rows_dev(self) -> torch.Tensor:
-        return self.rows.to(self.positions.device)
+        """rows on the model's device (made once per call)."""
+        return self.cached("rows_dev", lambda: self.rows.to(self.positions.device))
 
     def visible(self, ratio: int) -> torch.Tensor:
         """[B, S] number of compressed rows each query may use: groups it has fully passed."""

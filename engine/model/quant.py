@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +21,7 @@ E2M1_TIE_UP = (False, True, False, True, False, True, False)
 def pow2_scale(amax: torch.Tensor, max_value: float) -> torch.Tensor:
     """2^ceil(log2(amax / max_value)) via the IEEE bit trick of the kernel (exponent + (mantissa != 0))."""
     # the kernel multiplies by the fp32-rounded reciprocal
-    x = (amax.float() * float(torch.tensor(1.0 / max_value, dtype=torch.float32))).contiguous()
+    x = (amax.float() * float(np.float32(1.0 / max_value))).contiguous()
     bits = x.view(torch.int32)
     log2_ceil = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
     return ((log2_ceil + 127) << 23).view(torch.float32)

@@ -5,6 +5,7 @@ import torch
 
 from ..model.attention import Attention
 from ..model.context import ForwardContext
+from ..model.draft import DraftAttention
 from .comm import all_reduce_sum
 from .layers import ColumnParallelLinear, RowParallelLinear, sliced
 
@@ -28,8 +29,8 @@ def shard_attention(attn: Attention, heads: slice, groups: slice, group, label: 
                             f"{label}.wo_b")
     attn.heads_total = attn.n_heads
     attn.n_heads, attn.groups = heads.stop - heads.start, groups.stop - groups.start
-    if type(attn) is Attention:  # the drafter's attention records nothing in the trace
-        attn.__class__ = HeadParallelAttention
+    if not isinstance(attn, DraftAttention):  # the drafter's attention records nothing in the trace
+        attn.__class__ = HeadParallelAttention   # (a speed-path class too: the parallel forward is the reference's)
 
 
 class HeadParallelAttention(Attention):

@@ -18,6 +18,7 @@ class ExpertParallelMoE(FastMoE):
     routed_experts runs this rank's experts on their (token, slot) pairs and one all-reduce sums the ranks'
     partial outputs (fp32, as the reference reduces them); the shared expert, replicated, is added after it.
     `experts` holds this rank's experts only: local expert i is global expert `first + i`."""
+    forward = MoE.forward   # not FastMoE's decode shortcut, which runs the experts without the all-reduce
     first: int
     group: object
     label: str

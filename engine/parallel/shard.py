@@ -9,6 +9,7 @@ from ..model.moe import MoE
 from ..model.transformer import Transformer
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from ..speedups.fast_head import FastTransformer
 from .attention import shard_attention
 from .experts import ExpertParallelMoE
 from .layers import VocabParallelEmbedding, VocabParallelTransformer, sliced
@@ -107,7 +108,7 @@ def shard_model(model: Transformer, world: World) -> Transformer:
     verification and the rollback of caches and drafter rings agree on every rank."""
     if world.size == 1:
         return model
-    if type(model) is not Transformer:
+    if type(model) not in (Transformer, FastTransformer):
         raise InputError(f"shard_model takes a reference Transformer, got {type(model).__name__}")
     layout = Layout(model.args, world.rank, world.size)
     blocks: list[Block] = [*model.layers, *model.mtp]

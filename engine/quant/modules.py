@@ -122,7 +122,7 @@ class QuantMoE(MoE):
 
     @classmethod
     def adopt(cls, moe: MoE) -> QuantMoE:
-        for cache in ("stacks", "dense_ok"):  # a FastMoE's weight stacks: drop them with the plain weights
+        for cache in ("stacks", "dense_ok", "fused_experts"):  # a FastMoE's weight stacks: dropped with the weights
             moe.__dict__.pop(cache, None)
         moe.__class__ = cls
         return moe

@@ -4,22 +4,43 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..model.attention import Attention
 from ..model.block import Block
+from ..model.compressor import Compressor
 from ..model.draft import DraftStage
 from ..model.engram import Engram
+from ..model.indexer import Indexer
+from ..model.linear import Linear
 from ..model.moe import Gate, MoE
+from ..model.norm import RMSNorm
+from ..model.transformer import Transformer
 from ..quant.modules import FP4Linear, FP8Linear
 from ..spec.errors import InputError
+from .fast_attention import FastAttention
+from .fast_block import FastBlock, FastDraftStage
+from .fast_compressor import FastCompressor
+from .fast_gate import FastGate
+from .fast_head import FastTransformer
+from .fast_indexer import FastIndexer
+from .fast_linear import FastLinear
 from .fast_moe import FastMoE
+from .fast_norm import FastRMSNorm
 from .kernel_modules import KernelBlock, KernelDraftStage, KernelEngram, KernelGate, KernelMoE
 from .kernel_quant import KernelFP4Linear, KernelFP8Linear
 from .sinkhorn import fast_sinkhorn
 
 BACKENDS = ("torch", "triton")
+# reference class → its PyTorch speed path (same parameters; exact types only, so that a class another transform
+# chose, e.g. engine.parallel's, is left alone)
+FAST_CLASSES = {Transformer: FastTransformer, Block: FastBlock, DraftStage: FastDraftStage, RMSNorm: FastRMSNorm,
+                Linear: FastLinear, Attention: FastAttention, Compressor: FastCompressor, Indexer: FastIndexer,
+                Gate: FastGate}
 # PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
-KERNEL_CLASSES = {Block: KernelBlock, DraftStage: KernelDraftStage, Gate: KernelGate, FastMoE: KernelMoE,
+KERNEL_CLASSES = {Block: KernelBlock, FastBlock: KernelBlock, DraftStage: KernelDraftStage,
+                  FastDraftStage: KernelDraftStage, Gate: KernelGate, FastGate: KernelGate, FastMoE: KernelMoE,
                   Engram: KernelEngram, FP8Linear: KernelFP8Linear, FP4Linear: KernelFP4Linear}
 # kernel-backed class → what remove_kernels leaves: the reference, except that the MoE keeps its speed paths
+# (apply_speedups brings the other PyTorch speed paths back)
 UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,
               KernelEngram: Engram, KernelFP8Linear: FP8Linear, KernelFP4Linear: FP4Linear}
 
@@ -35,11 +56,16 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
 
 def apply_speedups(model: nn.Module) -> nn.Module:
     """The PyTorch speed paths, in place: every reference MoE becomes a FastMoE (dense, gathered or sorted
-    experts per call) and every block's Sinkhorn runs in numpy on the CPU. Same parameters and state dict,
-    same results up to float rounding; with autograd on, the reference code runs. Idempotent; returns `model`."""
+    experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op and the
+    head is read in fp32 without a per-step conversion (FAST_CLASSES); every block's Sinkhorn runs in numpy
+    on the CPU. Same parameters and state dict, same results up to float rounding, same trace calls; with
+    autograd on, the reference code runs. Idempotent; returns `model`."""
     for module in model.modules():
         if type(module) is MoE:
             FastMoE.adopt(module)
+        fast = FAST_CLASSES.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
         if isinstance(module, Block):
             module.sinkhorn = fast_sinkhorn
     return model

@@ -1,27 +1,37 @@
-"""FastMoE: the reference MoE whose routed experts run densely, gathered or sorted, whichever is fastest here."""
+"""FastMoE: the reference MoE whose experts run gathered (decode), dense (small models) or sorted, whichever fits."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..model.linear import Linear
 from ..model.moe import MoE, swiglu
 from ..model.norm import upcast
-from ..model.quant import fp8_qdq
+from .casts import cast
 from .expert_stacks import ExpertStacks
+from .fast_linear import FastLinear
+from .fast_quant import fp8_qdq
+from .fused_experts import FusedExperts
 from .sync_free import sync_free_active
 
-# Routed experts with at most this many weight elements in all run densely when no gradient is needed: every
-# expert on every token in two matmuls, unchosen experts weighted 0. For small models one big matmul beats
-# gathering or looping over experts (one-off measurement on default-small: 0.6 vs 1.4 ms at 1 token, 1.5 vs
-# 4 ms at 6); a full-size model (V4.1-Flash: 6.4G expert elements per layer) never takes this path.
+# Routed experts with at most this many weight elements in all run densely when no gradient is needed and a call
+# has too many tokens to gather (FastMoE.gathers): every expert on every token in two matmuls, unchosen experts
+# weighted 0. For small models one big matmul beats gathering or looping over experts beyond a few tokens; a
+# full-size model (V4.1-Flash: 6.4G expert elements per layer) never takes this path.
 DENSE_MAX_ELEMENTS = 4 * 1024 * 1024
 
 
+def _plain(linear) -> bool:
+    return type(linear) in (Linear, FastLinear)
+
+
 class FastMoE(MoE):
-    """MoE.forward unchanged; routed_experts picks a path per call. With autograd on: the reference (sorted).
-    Otherwise small models run every expert densely (unless their inputs are FP8-quantized, which the dense
-    matmul would skip); a call with no more (token, slot) pairs than experts, or any call under sync_free(),
-    gathers the chosen experts' weights into one batched matmul; the rest is the reference's sorted loop."""
+    """MoE.forward, except that a call of few tokens (decode; `gathers`) runs the chosen experts and the shared
+    expert together: their weights gathered from one [E + 1, …] stack (the shared expert last, weight 1) into
+    two batched matmuls. routed_experts picks a path per call: with autograd on, the reference (sorted); few
+    pairs gather; more run every expert densely in small models (unless their inputs are FP8-quantized, which
+    the dense matmul would skip), gather under sync_free(), and else take the reference's sorted loop. The
+    stacks are copies of the experts' parameters (engine.speedups.fused_experts), which stay the state dict."""
 
     stacks: ExpertStacks
     dense_ok: bool
@@ -36,39 +46,94 @@ class FastMoE(MoE):
         moe.__class__ = cls
         return moe
 
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None):
+        N = x.numel() // x.size(-1)
+        if (not self.gathers(N) or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
+                or not self._shared_stacks_with_routed()):
+            return super().forward(x, vision, tokens)
+        # the router takes any leading shape: weights, ids and scores come out [B, S, k] as MoE.forward returns them
+        if self.hash_routed:
+            weights, ids, scores = self.gate(x, tokens)
+        else:
+            weights, ids, scores = self.gate(x, vision)
+        # the shared expert is expert E of the stack, chosen by every token with weight 1 (h · 1 = h exactly)
+        pick = F.pad(ids, (0, 1), value=self.n_experts).view(-1)                      # [N·(k + 1)], token-major
+        used = pick.tolist() if N == 1 and x.device.type == "cpu" and not sync_free_active() else None
+        y = self.gathered_pairs(x.view(N, -1), F.pad(weights, (0, 1), value=1.0).view(-1, 1), pick, N, used)
+        return cast(y, x.dtype).view(x.shape), (weights, ids, scores)
+
+    def gathers(self, n_tokens: int) -> bool:
+        """Whether a call of n_tokens gathers its experts' weights: when its (token, slot) pairs are at most the
+        experts (the reference's rule), and for small models only while the copies (written, then read) cost
+        less than reading every expert once (the dense path): 2 · pairs ≤ E + 1."""
+        pairs = n_tokens * self.topk
+        if self.dense_ok and not self.experts[0].w1.act_quant:
+            return 2 * n_tokens * (self.topk + 1) <= self.n_experts + 1
+        return pairs <= self.n_experts
+
     def routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.gate.weight.requires_grad:
             return super().routed_experts(x, weights, ids)
+        if self.gathers(x.size(0)):
+            return self.gathered_experts(x, weights, ids)
         if self.dense_ok and not self.experts[0].w1.act_quant:
             return self.dense_experts(x, weights, ids)
-        if sync_free_active() or x.size(0) * self.topk <= self.n_experts:
+        if sync_free_active():
             return self.gathered_experts(x, weights, ids)
         return super().routed_experts(x, weights, ids)
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W1 [E, inter, dim], W2 [E, dim, inter], W3 [E, inter, dim] (cached; rebuilt after a weight changes)."""
+        """W1 [E, inter, dim], W2 [E, dim, inter], W3 [E, inter, dim] (cached; rebuilt after a weight changes):
+        the layout the Triton kernels index."""
         return self.stacks.stacked(self.experts)
 
+    def fused(self, used: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """W13 [E + 1, 2·inter, dim] (each expert's W1 rows, then its W3 rows) and W2ᵀ [E + 1, inter, dim], the
+        routed experts then the shared one, copied from the parameters and current for the experts in `used`
+        (default all; engine.speedups.fused_experts)."""
+        stacks = self.__dict__.get("fused_experts")
+        if stacks is None:
+            stacks = self.__dict__["fused_experts"] = FusedExperts()
+        return stacks.stacks([*self.experts._modules.values(), self.shared_experts], used)
+
+    def _shared_stacks_with_routed(self) -> bool:
+        """The shared expert can join the routed ones' stack: plain weights of the same dtype and the same FP8
+        input rounding (a checkpoint may keep the shared expert in another format than the routed ones)."""
+        s, e = self.shared_experts, self.experts[0]
+        return (_plain(s.w1) and _plain(s.w2) and _plain(s.w3) and s.w1.act_quant == e.w1.act_quant
+                and s.w1.weight.dtype == e.w1.weight.dtype)
+
     def gathered_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Decode: gather the chosen experts' weights and run all (token, slot) pairs in one batched matmul."""
-        w1, w2, w3 = self.stacked()
+        """Decode: gather the chosen experts' weights (ids [N, k] into the fused stack; E names the shared expert)
+        and run all (token, slot) pairs in two batched matmuls → Σ_j weights[:, j] · expert_{ids[:, j]}(x)
+        [N, dim] fp32."""
+        return self.gathered_pairs(x, weights.reshape(-1, 1), ids.reshape(-1), x.size(0))
+
+    def gathered_pairs(self, x: torch.Tensor, weights: torch.Tensor, pick: torch.Tensor, N: int,
+                       used: list[int] | None = None) -> torch.Tensor:
+        """x [N, dim]; the (token, slot) pairs token-major: pick [N·k] expert ids, weights [N·k, 1]; used: pick as
+        a host list when known (only those experts' stack slices are checked) → [N, dim] fp32."""
+        w13, w2t = self.fused(used)
+        P, inter = pick.size(0), w2t.size(1)
         act_quant = self.experts[0].w1.act_quant
-        xin = fp8_qdq(x) if act_quant else x
-        xin = xin.to(w1.dtype).unsqueeze(1).unsqueeze(-1)                     # [N, 1, dim, 1]
-        g = torch.matmul(w1[ids], xin).squeeze(-1)                            # [N, k, inter]
-        u = torch.matmul(w3[ids], xin).squeeze(-1)
-        h = swiglu(upcast(g), upcast(u), self.limit, weights.unsqueeze(-1)).to(x.dtype)
+        xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
+        w = w13.index_select(0, pick)                                         # [P, 2·inter, dim]
+        # one matrix-vector product per pair; a stride-0 broadcast of x would take a slow batched-matmul path
+        xs = xin.view(-1) if N == 1 else xin.repeat_interleave(P // N, 0).unsqueeze(-1)   # [dim] or [P, dim, 1]
+        gu = torch.matmul(w, xs).view(P, -1)                                 # [P, 2·inter]
+        h = cast(swiglu(upcast(gu[:, :inter]), upcast(gu[:, inter:]), self.limit, weights), x.dtype)
         if act_quant:
             h = fp8_qdq(h)
-        y = torch.matmul(w2[ids], h.to(w2.dtype).unsqueeze(-1)).squeeze(-1)  # [N, k, dim]
-        return upcast(y).sum(1)
+        y = torch.bmm(cast(h, w2t.dtype).unsqueeze(1), w2t.index_select(0, pick))   # [P, 1, dim]
+        return upcast(y).view(N, P // N, -1).sum(1)
 
     def dense_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Small models: every expert on every token, the router's weights scattered over [N, E] (0 = unchosen),
         so y = Σ_chosen w_e · W2_e · swiglu(W1_e x, W3_e x) in one up and one down matmul."""
-        w13, w2 = self.stacks.dense(self.experts)
+        w13, w2t = self.fused()
         N, E = x.size(0), self.n_experts
-        gu = upcast(F.linear(x.to(w13.dtype), w13)).view(N, 2, E, -1)        # [N, 2, E, inter]
+        inter = w2t.size(1)
+        gu = upcast(F.linear(cast(x, w13.dtype), w13[:E].view(-1, w13.size(-1)))).view(N, E, 2, inter)  # [N, E, 2, I]
         dense_w = torch.zeros(N, E, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
-        h = swiglu(gu[:, 0], gu[:, 1], self.limit, dense_w.unsqueeze(-1))     # [N, E, inter]
-        return upcast(F.linear(h.reshape(N, -1).to(w2.dtype), w2))           # [N, dim]
+        h = swiglu(gu[:, :, 0], gu[:, :, 1], self.limit, dense_w.unsqueeze(-1))   # [N, E, inter]
+        return upcast(torch.matmul(cast(h, w2t.dtype).reshape(N, -1), w2t[:E].view(E * inter, -1)))   # [N, dim]

@@ -8,7 +8,7 @@ from ..model.block import Block
 from ..model.draft import DraftStage
 from ..model.engram import Engram
 from ..model.mhc import stochastic_error
-from ..model.moe import Gate
+from ..model.moe import Gate, MoE
 from .fast_moe import FastMoE
 
 
@@ -42,10 +42,7 @@ class KernelBlock(Block):
         x, f_pre, f_post, f_comb, c = launch.mhc_seam(x, f=f, post_in=a_post, comb_in=a_comb, carry=a_pre,
                                                       **self._site("ffn"))
         self._record(ctx, "ffn", f_pre, f_post, f_comb)
-        f, (weights, ids, scores) = self.ffn(self.ffn_norm(c), ctx.image_mask)
-        if ctx.trace is not None:
-            rows, pos = ctx.trace_rows()
-            ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)
+        f = self.moe(self.ffn_norm(c), ctx)
         x, *_ = launch.mhc_seam(x, f=f, post_in=f_post, comb_in=f_comb)
         return x, f_pre
 
@@ -66,7 +63,10 @@ class KernelGate(Gate):
 
 class KernelMoE(FastMoE):
     """MoE.forward (its gate a KernelGate) with the routed experts as three launches over expert-sorted tiles,
-    any token count, no host sync; FastMoE's paths where the kernels do not apply."""
+    any token count, no host sync; FastMoE's paths where the kernels do not apply. Decode calls go through
+    routed_experts too (the reference forward), not FastMoE's gathered shortcut."""
+
+    forward = MoE.forward
 
     def routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if _reference_needed(x, self.gate.weight):

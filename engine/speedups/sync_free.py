@@ -4,6 +4,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
+
 _ACTIVE: ContextVar[bool] = ContextVar("sync_free", default=False)
 
 
@@ -20,4 +22,5 @@ def sync_free():
 
 
 def sync_free_active() -> bool:
-    return _ACTIVE.get()
+    """True within sync_free(), and while torch.compile traces (compiled code must not read values back either)."""
+    return torch.compiler.is_compiling() or _ACTIVE.get()

@@ -1,0 +1,125 @@
+"""FastAttention: Attention.forward for decode and verify calls in far fewer ops; same cache writes and results."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..model.attention import Attention
+from ..model.context import ForwardContext
+from .call_values import call_rows, call_width, every_visible_row, own_positions, ring_slots
+from .casts import cast
+from .derived import derived
+from .fast_indexer import FastIndexer
+from .fast_linear import FastLinear
+from .fast_quant import fp4_qdq, fp8_qdq, v4_kv_qdq
+from .fast_rope import MAX_ROTATED_POSITIONS, inverse_rotation, rotate, rotation, rotation_at, scaled_rotation
+from .window_attention import ring_hidden, window_attention
+
+
+class FastAttention(Attention):
+    """For a call of a few tokens per row (decode, a DSpark verify block): RoPE as one matmul per tensor
+    (engine.speedups.fast_rope), FP8 KV rounding in half the ops, the new KV written into the window ring first
+    and attention read from the ring in place (masked, no gather; engine.speedups.window_attention), the
+    grouped output projection as one matmul; the compressed path with the fast rounding and rotations
+    (_fast_compressed) and the fast compressor and indexer. A trace that asks for this layer's attention facts
+    gets them from the same computation (so a trace never changes the logits). Static shapes (CUDA graphs,
+    torch.compile) take the same path: it reads no value back and sizes nothing by one. Autograd, long
+    prefills and the indexer loss run the reference code."""
+
+    def fast_path_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
+        B, S, _ = x.shape
+        if torch.is_grad_enabled() and (x.requires_grad or self.wkv.weight.requires_grad):
+            return False
+        if ctx.indexer_loss is not None or B * S > MAX_ROTATED_POSITIONS:
+            return False
+        # this call's writes must not evict a slot a query of it still reads: S ≤ the ring's spare slots + 1
+        return S <= ctx.cache.window_slots - self.window + 1
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if not self.fast_path_applies(x, ctx):
+            return super().forward(x, ctx)
+        B, S, _ = x.shape
+        rot = rotation(ctx, self.rotary, self.head_dim)                      # [B, S, D, D]
+        q_low, kv = self._input_projections(x)                                # [B, S, q_rank], [B, S, D]
+        qr = self.q_norm(q_low)                                             # [B, S, q_rank]
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, H, D]
+        if self.q_head_norm:
+            q = F.rms_norm(q, (self.head_dim,), None, self.norm_eps)
+        math_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q = rotate(q, scaled_rotation(ctx, self.rotary, self.head_dim, self.scale, math_dtype))   # q·scale, rotated
+        kv = rotate(self.kv_norm(kv), rot)                                   # [B, S, D]
+        if ctx.options.quant_sim:
+            kv = v4_kv_qdq(kv, self.rope_dim) if self.v4_quant else fp8_qdq(kv)
+        ring = ctx.cache.window[self.layer]                                  # [rows, slots, D]
+        slots = ring.size(1)
+        ring[ring_slots(ctx, slots)] = kv                                    # slot = position % slots
+        hidden = ring_hidden(ctx, slots, self.window)                        # [B, S, 1, slots]
+        compressed = topk = None
+        if self.role.ratio:
+            compressed, topk = self._fast_compressed(x, qr, rot, ctx)
+        trace = ctx.trace
+        path = f"{self.role.path}.attn"
+        if trace is not None and trace.wants_attention(path):
+            o, window_mass, compressed_mass, sink_mass = window_attention(
+                q, call_rows(ctx, ring), hidden, self.attn_sink, compressed, topk, return_mass=True)
+            r_, pos = ctx.trace_rows()
+            trace.record_attention(path, r_, pos, topk if topk is not None else torch.empty(
+                B, S, 0, dtype=torch.long, device=x.device), window_mass, compressed_mass, sink_mass)
+        else:
+            o = window_attention(q, call_rows(ctx, ring), hidden, self.attn_sink, compressed, topk)
+        o = rotate(o, inverse_rotation(ctx, self.rotary, self.head_dim))     # strip the query rotation V carries
+        G, w = self.groups, self.wo_a.weight
+        wo_a = derived(self).get("wo_a", (w,), lambda: w.view(G, self.o_rank, -1).transpose(1, 2))  # [G, H·D/G, r]
+        o = o.reshape(B, S, G, 1, -1)                                        # [B, S, G, 1, H·D/G]
+        z = torch.matmul(cast(o, wo_a.dtype), wo_a)                          # [B, S, G, 1, o_rank]
+        return self.wo_b(z.view(B, S, G * self.o_rank))
+
+    def _input_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """wq_a(x) and wkv(x); when both FP8-round their input (act_quant), x is rounded once for the two."""
+        a, b = self.wq_a, self.wkv
+        if (type(a) is FastLinear and type(b) is FastLinear and a.act_quant and a.quantized and b.act_quant
+                and b.quantized and a.weight.dtype == b.weight.dtype):
+            xq = cast(fp8_qdq(x), a.weight.dtype)
+            return F.linear(xq, a.weight), F.linear(xq, b.weight)
+        return a(x), b(x)
+
+    def _fast_compressed(self, x: torch.Tensor, qr: torch.Tensor, rot: torch.Tensor, ctx: ForwardContext):
+        """Attention._compressed with the fast rounding and, at ratio 1 (each token its own group, rotated at its
+        own position), the call's rotation matrix instead of a second RoPE; the source's rows for one cache row
+        are a view, not a copy."""
+        role, cache = self.role, ctx.cache
+        src, ratio = role.kv_source, cache.ratio[role.kv_source]
+        cis = ctx.cached(("cis", self.rotary.key), lambda: self.rotary.cis(ctx.positions))
+        if role.kv_mode == "own":
+            latent, group, valid = self.compressor(x, ctx)                   # [B, G, D] pre-RoPE
+            key_latent = self.indexer.compressor(x, ctx)[0] if self.keys_compressed else None
+            if latent.size(1):
+                same = ratio == 1 and latent.size(1) == x.size(1)            # groups = this call's tokens, all valid
+                dest = own_positions(ctx) if same else (
+                    ctx.rows_dev.unsqueeze(1), torch.where(valid, group, cache.comp_kv[src].size(1) - 1))
+
+                def at_groups(width: int) -> torch.Tensor:  # a group is rotated at its first token's position
+                    return rotation(ctx, self.rotary, width) if same else rotation_at(ctx, self.rotary,
+                                                                                      group * ratio, width)
+                if role.indexer == "own":
+                    k_in = latent if key_latent is None else key_latent
+                    if isinstance(self.indexer, FastIndexer):
+                        keys = self.indexer.rotated_keys(k_in, at_groups(self.indexer.head_dim), ctx.options.quant_sim)
+                    else:
+                        keys = self.indexer.keys(k_in, cis if same else self.rotary.cis(group * ratio),
+                                                 ctx.options.quant_sim)
+                    cache.index_k[src][dest] = cast(keys, cache.index_k[src].dtype)
+                ckv = rotate(latent, rot if same else at_groups(self.head_dim))
+                if ctx.options.quant_sim:
+                    ckv = v4_kv_qdq(ckv, self.rope_dim) if self.v4_quant else fp4_qdq(ckv, 16, "e4m3")
+                cache.comp_kv[src][dest] = cast(ckv, cache.comp_kv[src].dtype)
+        width = call_width(ctx, ratio)
+        if role.indexer in ("own", "reindex"):
+            topk = self.indexer(x, qr, cis, ctx)
+            ctx.topk[role.layer] = topk
+        elif role.indexer == "reuse":
+            topk = ctx.topk[role.index_source]
+        else:  # V4 HCA: no indexer, every visible compressed row
+            topk = every_visible_row(ctx, ratio, width)
+        return call_rows(ctx, cache.comp_kv[src])[:, :width], topk
+

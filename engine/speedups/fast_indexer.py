@@ -1,0 +1,80 @@
+"""FastIndexer: the lightning indexer with fewer ops, and no scoring at all when every visible row fits the top-k."""
+from __future__ import annotations
+
+import torch
+
+from ..model.context import ForwardContext
+from ..model.indexer import Indexer, select_candidate_blocks, stable_topk
+from ..model.norm import upcast
+from ..model.rope import apply_rope
+from .call_values import call_rows, call_visible, call_width, every_visible_row
+from .fast_quant import fp4_qdq, v4_index_qdq
+from .fast_rope import MAX_ROTATED_POSITIONS, rotate, rotation_of
+
+
+class FastIndexer(Indexer):
+    """Indexer.forward with three changes, none of which changes a result beyond float rounding:
+
+    * when the call's widest row sees at most index_topk compressed rows, the top-k takes them all whatever
+      their scores (−inf ones included), so the list is every visible row in order, returned without projecting
+      queries or scoring keys. A candidate source then publishes no candidate mask; its readers share its index
+      keys, hence its width, and take this shortcut too;
+    * otherwise, for a few queries, RoPE as one matmul (engine.speedups.fast_rope) and the reference's loop body
+      without its slicing (scores still come from Indexer._scores);
+    * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit.
+    Autograd runs the reference code; static shapes (CUDA graphs, torch.compile) the reference forward, over
+    the fast inputs."""
+
+    def _reference_needed(self, ctx: ForwardContext) -> bool:
+        return ctx.static or (torch.is_grad_enabled() and self.wq_b.weight.requires_grad)
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        role = self.role
+        if self._reference_needed(ctx) or x.size(1) > ctx.options.attn_query_block:
+            return super().forward(x, qr, cis, ctx)
+        ratio = ctx.cache.ratio[role.index_key_source]
+        width = call_width(ctx, ratio)
+        if width <= self.topk:
+            return every_visible_row(ctx, ratio, width)   # width 0 too: an empty list
+        # the reference's loop body, for a call that fits one query block
+        q, w, keys, visible = self._inputs(x, qr, cis, ctx, width)
+        scores = self._scores(q, w, keys, visible)                                   # [B, S, W]
+        if role.candidate_source:
+            ctx.candidates = select_candidate_blocks(scores, visible, self.top_blocks, self.block)
+        elif role.uses_candidates:
+            if ctx.candidates is None:
+                raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
+            scores = scores.masked_fill(~ctx.candidates, float("-inf"))
+        idx = stable_topk(scores, self.topk).sort(-1).values
+        # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
+        return torch.where(idx < visible.unsqueeze(-1), idx, -1)
+
+    def keys(self, latent: torch.Tensor, cis: torch.Tensor, quant: bool) -> torch.Tensor:
+        if torch.is_grad_enabled() and self.wq_b.weight.requires_grad:
+            return super().keys(latent, cis, quant)
+        if hasattr(self, "compressor"):
+            k = apply_rope(latent, cis)
+            return v4_index_qdq(k) if quant else k
+        k = apply_rope(self.k_norm(self.wk(latent)), cis)
+        return fp4_qdq(k, 32, "ue8m0") if quant else k
+
+    def rotated_keys(self, latent: torch.Tensor, rot: torch.Tensor, quant: bool) -> torch.Tensor:
+        """keys() for latents at the call's own positions, rotated by the call's matrices rot [B, S, D', D']."""
+        if hasattr(self, "compressor"):
+            k = rotate(latent, rot)
+            return v4_index_qdq(k) if quant else k
+        k = rotate(self.k_norm(self.wk(latent)), rot)
+        return fp4_qdq(k, 32, "ue8m0") if quant else k
+
+    def _inputs(self, x, qr, cis, ctx: ForwardContext, width: int):
+        B, S = x.shape[:2]
+        if (torch.is_grad_enabled() and self.wq_b.weight.requires_grad) or B * S > MAX_ROTATED_POSITIONS:
+            return super()._inputs(x, qr, cis, ctx, width)
+        src = self.role.index_key_source
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))       # [B, S, h, d]
+        q = rotate(q, rotation_of(ctx, cis, self.head_dim))
+        if ctx.options.quant_sim:
+            q = v4_index_qdq(q) if self.rotated else fp4_qdq(q, 32, "ue8m0")
+        w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
+        keys = upcast(call_rows(ctx, ctx.cache.index_k[src])[:, :width])             # [B, W, d]
+        return q, w, keys, call_visible(ctx, ctx.cache.ratio[src])

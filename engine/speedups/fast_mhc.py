@@ -1,0 +1,104 @@
+"""mHC seams in fewer ops: one fused mixes step, a Python-float Sinkhorn for one token, collapse/expand as matmuls."""
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..model.mhc import stochastic_error
+from .casts import cast
+from .derived import derived
+from .sinkhorn import fast_sinkhorn, scalar_sinkhorn
+from .sync_free import sync_free_active
+
+
+@dataclass
+class Seam:
+    """One site's mixes for a call: pre [B, S, hc] and, for expand, mix [B, S, hc, hc + 1] = [combᵀ | post], so
+    that X'_e = Σ_a C[a][e]·X_a + post_e·F is one matmul of mix with [X ; F]. post and comb are made only when
+    asked for (the trace records them)."""
+    pre: torch.Tensor
+    mix: torch.Tensor
+
+    @property
+    def post(self) -> torch.Tensor:
+        return self.mix[..., -1]                                              # [B, S, hc]
+
+    @property
+    def comb(self) -> torch.Tensor:
+        return self.mix[..., :-1].transpose(-1, -2)                           # [B, S, a, b]
+
+
+# a site's parameter names, looked up in the block's parameter dict (nn.Module.__getattr__ is slow at this rate)
+SITE_PARAMS = {site: tuple(f"hc_{site}_{k}" for k in ("fn", "scale", "base")) for site in ("attn", "ffn")}
+
+
+def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
+    """xf [B, S, hc, D] (fp32, or float64) → the site's Seam: engine.model.mhc.hc_mixes up to float rounding.
+    The RMS statistic scales the input instead of the projection (F.rms_norm, one op) and scale and base act on
+    the whole mixes vector at once; for one token on the CPU everything after the projection runs on Python
+    floats (RMS factor, sigmoids and the unrolled Sinkhorn), packed back into one tensor."""
+    B, S, hc, D = xf.shape
+    fn, scale, base = (block._parameters[name] for name in SITE_PARAMS[site])
+    flat = xf.view(B, S, hc * D)                                              # [B, S, hc·D]
+    if B * S == 1 and xf.device.type == "cpu" and not sync_free_active():
+        return _one_token(block, flat, fn, scale, base, site, hc)
+    mixes = F.linear(F.rms_norm(flat, (hc * D,), None, block.norm_eps), fn)   # [B, S, 2hc + hc²]
+    # scale[0] on the pre entries, scale[1] on post, scale[2] on the hc² comb logits
+    full = derived(block).get(f"{site}.scale", (scale,), lambda: torch.cat(
+        [scale[0:1].expand(hc), scale[1:2].expand(hc), scale[2:3].expand(hc * hc)]))
+    z = mixes * full + base.to(xf.dtype)
+    gates = torch.sigmoid(z[..., :2 * hc])
+    pre = gates[..., :hc] + block.hc_eps
+    comb = fast_sinkhorn(z[..., 2 * hc:].unflatten(-1, (hc, hc)), block.iters, block.hc_eps)
+    mix = torch.cat([comb.transpose(-1, -2), 2 * gates[..., hc:].unsqueeze(-1)], -1)   # [B, S, hc, hc + 1]
+    return Seam(pre, mix)
+
+
+def _one_token(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) -> Seam:
+    """seam_mixes for a single token: the projection and the input's norm as two ops, read once, the rest on
+    Python floats; one tensor back holding pre, then mix row by row."""
+    s_pre, s_post, s_comb, b = derived(block).get(f"{site}.lists", (scale, base), lambda: (*scale.tolist(),
+                                                                                           base.tolist()))
+    norm = torch.linalg.vector_norm(flat).item()
+    r = 1.0 / math.sqrt(norm * norm / flat.size(-1) + block.norm_eps)        # rsqrt(mean(x²) + eps)
+    m = F.linear(flat, fn).view(-1).tolist()                                  # 2hc + hc² mixes, before the RMS factor
+    eps = block.hc_eps
+    pre = [_sigmoid(m[i] * r * s_pre + b[i]) + eps for i in range(hc)]
+    post = [2 * _sigmoid(m[i] * r * s_post + b[i]) for i in range(hc, 2 * hc)]
+    comb = scalar_sinkhorn(hc)([m[i] * r * s_comb + b[i] for i in range(2 * hc, 2 * hc + hc * hc)], block.iters, eps)
+    mix = [v for e in range(hc) for v in (*comb[e::hc], post[e])]           # row e: column e of comb, then post_e
+    packed = torch.frombuffer(array("d" if flat.dtype == torch.float64 else "f", pre + mix), dtype=flat.dtype)
+    return Seam(packed.as_strided((1, 1, hc), (hc, hc, 1)),
+                packed.as_strided((1, 1, hc, hc + 1), (hc * (hc + 1),) * 2 + (hc + 1, 1), hc))
+
+
+def _sigmoid(v: float) -> float:
+    if v >= 0:
+        return 1.0 / (1.0 + math.exp(-v))
+    e = math.exp(v)  # never overflows for v < 0
+    return e / (1.0 + e)
+
+
+def record_seam(block, ctx, site: str, seam: Seam) -> None:
+    """The trace call of engine.model.block.Block.mixes, with this seam's tensors."""
+    rows, pos = ctx.trace_rows()
+    comb = seam.comb
+    row_err, col_err = stochastic_error(comb)
+    ctx.trace.record_mhc(block.path, site, rows, pos, seam.pre, seam.post, comb, row_err, col_err)
+
+
+def collapse(xf: torch.Tensor, pre: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Σ_c pre_c · X_c as one matmul: xf [B, S, hc, D] and pre [B, S, hc] (both fp32 or float64) → [B, S, D]
+    in `dtype`."""
+    return cast(torch.matmul(pre.unsqueeze(-2), xf).squeeze(-2), dtype)
+
+
+def expand(f: torch.Tensor, xf: torch.Tensor, seam: Seam) -> torch.Tensor:
+    """X'_e = Σ_a C[a][e]·X_a + post_e·F as one matmul of [combᵀ | post] with [X ; F]: f [B, S, D],
+    xf [B, S, hc, D] (fp32) → [B, S, hc, D] fp32."""
+    return torch.matmul(seam.mix, torch.cat([xf, cast(f, xf.dtype).unsqueeze(-2)], -2))
+
