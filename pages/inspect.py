@@ -3,7 +3,7 @@ import streamlit as st
 
 from engine.spec.presets import list_presets
 from v41viz.inspect.trace_model import text_lookup
-from v41viz.ui import engine_session, inspect_link, inspect_page, inspect_panels, inspect_stream
+from v41viz.ui import engine_session, inspect_link, inspect_page, inspect_panels, inspect_stream, what_if
 from v41viz.ui.page_links import diagram_config
 from v41viz.ui.sidebar import page_setup
 
@@ -19,6 +19,7 @@ offered = inspect_link.offer_run(choice.key)
 settings = inspect_page.settings_form(slot.args, inspect_link.form_values(link)) or offered
 if settings is not None and inspect_stream.start(slot, settings):
     inspect_link.run_started()
+    what_if.forget()   # a new main run: the last what-if rerun is over
 inspect_stream.watch(choice.key)
 with st.expander("Replay a saved trace", expanded=False):
     inspect_page.replay_upload()
@@ -46,8 +47,11 @@ elif panel == "Engram":
     view |= inspect_panels.engram(run, config_key, node, pos)
 elif panel == "DSpark":
     inspect_panels.dspark(run, config_key, token_text)
+elif panel == "Logit lens":
+    inspect_panels.lens(run, config_key, node, pos, token_text)
 else:
     inspect_panels.attention(run, config_key, node, pos)
 inspect_link.write_link(run.model or choice.key, run, view)
 inspect_panels.tokens(run, token_text)
 inspect_panels.export(run)
+what_if.section(slot, run, view, pos)

@@ -1,6 +1,6 @@
 """Take the README's screenshots from a fresh `streamlit run app.py` in headless Chromium (writes docs/*.png).
 
-Usage: .venv/bin/python scripts/screenshots.py [PAGE ...]   (pages: architecture, inspect; default all)
+Usage: .venv/bin/python scripts/screenshots.py [PAGE ...]   (pages: architecture, inspect, what_if; default all)
 One function per page; each opens its page in a fresh browser context and saves one picture.
 """
 from __future__ import annotations
@@ -58,8 +58,28 @@ def inspect(browser, base: str) -> Path:
     return shoot(page, top, bottom, DOCS / "inspect.png")
 
 
+def what_if(browser, base: str) -> Path:
+    """The Inspect page's "What if…" after a 24-token run of the shipped model: the expert the prompt's ':' chose
+    at layer 5 banned from that token on, the rerun beside the baseline, log-probabilities and routing changes."""
+    # tall enough for the whole page: the section is under the panels, and a screenshot clip ends at the viewport
+    page = browser.new_context(viewport={"width": WIDTH, "height": 5200}, device_scale_factor=1).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(base + "/inspect?prompt=ROMEO%3A&max_new=24&panel=Experts&node=layers.5.ffn&token=4")
+    page.get_by_role("button", name="Run the linked generation").click()
+    page.get_by_text(re.compile(r"status: (stopped at max new tokens|reached end of text)")).wait_for()
+    page.get_by_role("button", name="Rerun with this change").click()
+    page.locator(".st-key-what_if_applied").get_by_text(re.compile(r"rerun status: stopped at max new")).wait_for()
+    page.locator(".st-key-what_if_routing_chart .js-plotly-plot").wait_for()
+    page.wait_for_function("() => !document.querySelector('[data-stale=true]') && "
+                           "!document.querySelector('[data-testid=stSkeleton]')")
+    page.wait_for_timeout(1500)
+    top = page.get_by_role("heading", name="What if…").bounding_box()
+    bottom = page.locator(".st-key-what_if_routing_changes").bounding_box()
+    return shoot(page, top, bottom, DOCS / "what_if.png")
+
+
 def main() -> None:
-    pages = {"architecture": architecture, "inspect": inspect}
+    pages = {"architecture": architecture, "inspect": inspect, "what_if": what_if}
     unknown = [a for a in sys.argv[1:] if a not in pages]
     if unknown:
         raise SystemExit(f"unknown page(s) {', '.join(unknown)}; choose from {', '.join(pages)}")

@@ -34,8 +34,14 @@ SLOW = {
     "test_e2e_overlay.py": "live data painted on the diagram in a browser: a run of the shipped model on Inspect, the "
                             "overlay, a token, a box to Inspect and back, a loaded trace, a run diff on Compare [51 s at load "
                             "average 3.4]",
+    "test_e2e_what_if.py": "browser tests of Inspect's What if: a run of the shipped model, an expert banned, the rerun "
+                           "checked against both downloaded traces; a 200-token rerun stopped [86-98 s at load average "
+                           "5-7]",
     "test_e2e_uploads.py": "hostile config uploads through the browser, with the server's memory watched [30 s at "
                            "load average 5, 150 s at 12]",
+    "test_e2e_logit_lens.py": "the logit-lens panel in a browser: a run of the shipped model on Inspect, the lens table "
+                              "at two tokens checked against the downloaded trace, the trace replayed [27-47 s at load "
+                              "average 4-4.6]",
     # a fresh process
     "test_app_no_torch.py": "builds three pages under AppTest in a fresh process to watch sys.modules [6 s idle, "
                             "13 s loaded]",
@@ -79,7 +85,9 @@ SLOW = {
     "test_serving.py::test_a_two_rank_service_serves_the_single_process_text_and_trace": "a 2-rank engine service "
         "under torchrun, and the same generation in process [37 s at load average 9]",
     "test_bad_traces.py::test_limits_admit_the_design_point": "records, writes and reads a 2048-token default-small "
-                                                               "trace in three formats [20 s; 70 s on a busy machine]",
+                                                               "trace in three formats, the logit lens's 16 k read-outs "
+                                                               "resolved [24 s at load average 4.8; 70 s on a busy "
+                                                               "machine]",
     "test_bad_configs.py::test_a_memory_bomb_config_is_refused_fast_and_small": "five fresh `python -m engine` "
         "processes under a memory cap, each importing torch [~3 s each, 8-15 s on a loaded machine]",
     "test_bad_configs.py::test_random_init_of_a_model_too_big_for_memory_is_refused_up_front": "the same, once [~3 s]",
@@ -105,6 +113,8 @@ SLOW = {
     "test_kernels_compile.py::test_natively_imported_kernels_refuse_cpu_tensors_clearly": "imports every Triton "
         "kernel module natively in a fresh process [10 s]",
     "test_kernels_engine.py::test_kernel_drafter_matches_reference": "a drafter in the Triton interpreter [7 s]",
+    "test_interventions.py::test_triton_kernels_apply_interventions_as_the_reference": "a whole tiny model in the "
+        "Triton interpreter, twice a forward [10 s at load average ~4]",
     "test_dspark_verify.py::test_sampling_preserves_target_distribution": "thousands of sampled verifications [6 s]",
     "test_layout.py::test_layer_loads_without": "fresh processes with a module blocked [6 s + 2 s]",
     "test_v4_family.py::test_dspark_greedy_equals_plain_greedy": "speculative and plain V4 runs [5 s]",

@@ -6,7 +6,7 @@ from streamlit.testing.v1 import AppTest
 
 TIMEOUT = 180
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
+PANELS = ("Experts", "mHC", "Engram", "DSpark", "Logit lens", "Attention")
 
 
 def inspect_page(**query) -> AppTest:
@@ -66,6 +66,7 @@ def test_generate_then_every_panel_renders_with_data():
         if panel == "DSpark":
             assert any("No DSpark steps" in i.value for i in at.info)       # DSpark was off
     assert charts["Experts"] == 3 and charts["mHC"] == 4 and charts["Engram"] == 1 and charts["Attention"] == 2
+    assert charts["Logit lens"] == 4   # layers' predictions, RMS per layer, next-token heatmap, token log-probs
     assert at.query_params["panel"] == "Attention" and at.query_params["model"] == "checkpoint:default"
 
 

@@ -29,12 +29,13 @@ NAMES = {"json": "t.json", "parquet": "t.parquet.zip", "safetensors": "t.safeten
 def real(tmp_path_factory) -> tuple[Trace, dict[str, bytes]]:
     """A trace of two rows of the tiny model decoding with DSpark and recording attention, as bytes per format."""
     model = tiny_model(dtype=torch.float32, vocab_size=512, dspark_noise_token_id=511)
-    trace = Trace(TraceBudget(attention=True, top_k_logits=3), meta={"config": "tiny-v4.1", "prompt": "Hi, ça va?"})
+    trace = Trace(TraceBudget(attention=True, top_k_logits=3, lens=True),
+                  meta={"config": "tiny-v4.1", "prompt": "Hi, ça va?"})
     generate_speculative(model, [[0, 5, 6, 7], [0, 9]], max_new_tokens=4, trace=trace, dspark=DSparkConfig(),
                          token_text=lambda i: f"t{i}")
     folder = tmp_path_factory.mktemp("real")
     files = {fmt: save_trace(trace, folder / name).read_bytes() for fmt, name in NAMES.items()}
-    assert trace.dspark_steps and trace.paths("attention")  # every table has rows to damage
+    assert trace.dspark_steps and trace.paths("attention") and trace.paths("lens")  # every table has rows to damage
     return trace, files
 
 
@@ -102,6 +103,10 @@ JSON_CASES = {
     "accepted beyond verify_len": (_put("dspark", "accepted", 0, 99),
                                    r"table 'dspark' row 0: DSparkStep needs 0 <= accepted \(99\)"),
     "empty module path": (_put("engram", "path", 0, ""), "empty module path"),
+    "lens table missing though declared": (lambda b: b["tables"].pop("lens"), "table 'lens' is missing"),
+    "lens declared by the schema alone": (lambda b: b["header"]["n_rows"].pop("lens"), r"'n_rows' lacks lens"),
+    "infinite lens probability": (_put("lens", "next_prob", 0, float("inf")), r"field 'next_prob' holds 1 non-finite"),
+    "lens budget not a bool": (lambda b: b["header"]["budget"].update(lens="yes"), "budget 'lens' must be true/false"),
 }
 
 
@@ -460,14 +465,17 @@ def test_memory_bombs_are_refused_fast_and_small(tmp_path, real, case):
 # ---- the limits admit the largest trace the app and CLI write -----------------------------------
 
 def design_point_trace() -> Trace:
-    """What default-small (the shipped checkpoint's config, the largest runnable preset) records with attention at
-    TraceBudget's default of 2048 token slots (2 rows x 1024 positions), with random values in the model's shapes."""
+    """What default-small (the shipped checkpoint's config, the largest runnable preset) records with attention and
+    the logit lens at TraceBudget's default of 2048 token slots (2 rows x 1024 positions), with random values in the
+    model's shapes (the lens read out by a random head over the model's vocabulary)."""
     from engine.spec.presets import resolve_config
     a = resolve_config("default-small")
     rows, n = 2, a.max_seq_len
     g = torch.Generator().manual_seed(0)
-    trace = Trace(TraceBudget(max_tokens=2048, attention=True), meta={"config": "default-small", "prompt": "x" * 4000})
+    trace = Trace(TraceBudget(max_tokens=2048, attention=True, lens=True),
+                  meta={"config": "default-small", "prompt": "x" * 4000})
     positions = torch.arange(n).expand(rows, n)
+    head = torch.randn(a.vocab_size, 8, generator=g)   # (reads 8 of the dims: the table's sizes are the point)
     for layer in range(a.n_layers):
         path = f"layers.{layer}"
         scores = torch.rand(rows, n, a.n_activated_experts, generator=g)
@@ -482,6 +490,8 @@ def design_point_trace() -> Trace:
                                 torch.rand(rows, n, a.hc_mult, generator=g))
         trace.record_attention(f"{path}.attn", None, positions, torch.randint(-1, n, (rows, n, a.index_topk)),
                                *torch.rand(3, rows, n))
+        trace.record_lens(path, None, positions, torch.randn(rows, n, a.dim, generator=g),
+                          *torch.rand(2, rows, n, a.hc_mult, generator=g), lambda x: x[:, :8] @ head.T)
     for row in range(rows):
         trace.record_prompt(row, range(n - 24), [f"tok{i}" for i in range(n - 24)])
         for step, pos in enumerate(range(n - 24, n)):

@@ -70,6 +70,43 @@ def test_emitted_tokens_follow_the_target_distribution(model, exact, cfg):
         assert chi_square_p(c, probs) > ALPHA, (c / N, probs)
 
 
+def ruled(logits: torch.Tensor, history: list[int], rules: dict) -> torch.Tensor:
+    """The rules written out for one history: the CTRL penalty on its tokens, or the ban of all of them (a no-repeat
+    n-gram size of 1)."""
+    out = logits.clone()
+    for t in set(history):
+        if "repetition_penalty" in rules:
+            rho = rules["repetition_penalty"]
+            out[t] = out[t] / rho if out[t] > 0 else out[t] * rho
+        if rules.get("no_repeat_ngram") == 1:
+            out[t] = float("-inf")
+    return out
+
+
+def exact_under(model, rules: dict):
+    """The marginals of the 2nd and 3rd emitted token when plain sampling applies `rules` at every position."""
+    with torch.inference_mode():
+        p1 = torch.softmax(ruled(model(torch.tensor([PROMPT])).logits[0], PROMPT, rules).double(), -1)        # [V]
+        l2 = model(torch.tensor([PROMPT + [a] for a in range(V)])).logits                                   # [V, V]
+        p2 = torch.stack([torch.softmax(ruled(l2[a], PROMPT + [a], rules).double(), -1) for a in range(V)])
+        l3 = model(torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])).logits              # [V², V]
+        p3 = torch.stack([torch.softmax(ruled(l3[a * V + b], PROMPT + [a, b], rules).double(), -1)
+                          for a in range(V) for b in range(V)]).view(V, V, V)
+    return p1 @ p2, torch.einsum("a,ab,abc->c", p1, p2, p3)
+
+
+@pytest.mark.parametrize("rules", [{"repetition_penalty": 1.8}, {"no_repeat_ngram": 1}], ids=["penalty", "no-repeat"])
+def test_emitted_tokens_follow_the_target_distribution_under_history_rules(model, exact, rules):
+    # the target's distribution at a verified position is processed with the drafts before it in the history
+    counts, res = emitted(model, dspark=DSparkConfig("all"), **rules)
+    m = res.metrics
+    assert 0 < m.accepted < m.scheduled and m.bonus > 0
+    for c, probs in zip(counts, exact_under(model, rules)):
+        assert chi_square_p(c, probs) > ALPHA, (c / N, probs)
+    # the rules move the distribution far enough that the test tells the two apart
+    assert min(chi_square_p(c, probs) for c, probs in zip(counts, exact)) < ALPHA
+
+
 def resample_from_target(drafts, q, p, generator=None):
     """A subtly broken verifier: on rejection it samples from p instead of the residual max(p − q, 0)."""
     n = drafts.shape[0]

@@ -40,6 +40,20 @@ def test_greedy_output_equals_plain_greedy(model, plain, cfg):
     assert sum(len(t) for t in res.tokens) == len(PROMPTS) + sum(s.accepted + 1 for s in res.steps)
 
 
+@pytest.mark.parametrize("options", [{"repetition_penalty": 1.5}, {"no_repeat_ngram": 2},
+                                     {"repetition_penalty": 0.5, "no_repeat_ngram": 3}],
+                         ids=["penalty", "no-repeat", "both"])
+def test_greedy_output_under_history_rules_equals_plain_greedy_under_them(model, plain, options):
+    want = generate(model, PROMPTS, max_new_tokens=20, seed=0, **options)
+    assert want.tokens != plain.tokens   # the rules change the text, so the equality below has power
+    for cfg in (DSparkConfig("all"), DSparkConfig("threshold", 0.6)):
+        # each verified position is judged with the drafts before it in its history
+        res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, dspark=cfg, **options)
+        assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
+        m = res.metrics
+        assert 0 < m.accepted < m.scheduled
+
+
 def test_schedules_are_applied_per_step_across_the_batch(model):
     budget = 24  # long enough that the budget cap only matters in the last steps
     for cfg, rule in [(DSparkConfig("auto", sps=STEEP), lambda c: schedule_throughput(c, STEEP)),
@@ -82,6 +96,16 @@ def test_sampling_is_reproducible_and_row_seeded(model):
     c = generate_speculative(model, PROMPTS, seed=[7, 8, 9, 11], **kw)
     assert a.tokens == b.tokens and a.tokens[:3] == c.tokens[:3]
     assert all(len(t) == 8 for t in a.tokens)
+
+
+def test_sampling_under_history_rules_is_reproducible_and_never_breaks_a_ban(model):
+    kw = dict(max_new_tokens=12, temperature=1.0, stop_tokens=(), no_repeat_ngram=2, repetition_penalty=1.3)
+    a = generate_speculative(model, PROMPTS, seed=[7, 8, 9, 10], **kw)
+    assert a.tokens == generate_speculative(model, PROMPTS, seed=[7, 8, 9, 10], **kw).tokens
+    for prompt, new in zip(PROMPTS, a.tokens):   # an accepted draft is never a banned token
+        seq = prompt + new
+        for j in range(len(prompt), len(seq)):
+            assert (seq[j - 1], seq[j]) not in set(zip(seq[:j - 1], seq[1:j])), (j, seq)
 
 
 def test_trace_records_every_step_and_only_committed_tokens(model, plain):

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.sampling import SamplingParams, filter_logits, make_generators, probabilities, sample
+from engine.model.sampling import (
+    SamplingParams,
+    apply_history_rules,
+    filter_logits,
+    make_generators,
+    probabilities,
+    sample,
+)
 
 
 def kept(logits: torch.Tensor) -> set[int]:
@@ -85,6 +92,47 @@ def test_bad_parameters_are_named():
             SamplingParams(**kwargs)
     with pytest.raises(ValueError, match=r"\[B, V\]"):
         sample(torch.zeros(5), SamplingParams(1.0), [None])
+
+
+def test_repetition_penalty_lowers_every_seen_logit_ctrl_style():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0], [2.0, -1.0, 0.5, 3.0, -2.0]])
+    out = apply_history_rules(logits, [[0, 1, 1, 4], []], SamplingParams(repetition_penalty=2.0))
+    # seen tokens 0, 1, 4: positive logits halve, negative ones double; unseen ones and the empty history keep theirs
+    assert out.tolist() == [[1.0, -2.0, 0.5, 3.0, -4.0], [2.0, -1.0, 0.5, 3.0, -2.0]]
+    assert apply_history_rules(logits, [[0], [1]], SamplingParams()) is logits      # off: the very same tensor
+    greedy = apply_history_rules(logits[:1], [[3]], SamplingParams(repetition_penalty=1.6))
+    assert int(greedy.argmax()) == 0                                               # 3.0 / 1.6 < 2.0
+
+
+def test_no_repeat_ngram_bans_exactly_the_completions_of_seen_ngrams():
+    logits = torch.zeros(3, 6)
+    history = [[1, 2, 3, 1, 2, 4, 1, 2], [5, 5], [0, 1, 2, 3, 4, 5]]
+    out = apply_history_rules(logits, history, SamplingParams(no_repeat_ngram=3))
+    assert kept(out[0:1]) == {0, 1, 2, 5}          # (1, 2) was followed by 3 and by 4
+    assert kept(out[1:2]) == set(range(6))         # shorter than n: nothing to repeat
+    assert kept(out[2:3]) == set(range(6))         # (4, 5) never occurred before
+    bigrams = apply_history_rules(logits[:1], [[4, 0, 4, 4, 2, 4]], SamplingParams(no_repeat_ngram=2))
+    assert kept(bigrams) == {1, 3, 5}              # the last token 4 was followed by 0, 4 and 2
+    unigrams = apply_history_rules(logits[:1], [[1, 3, 3]], SamplingParams(no_repeat_ngram=1))
+    assert kept(unigrams) == {0, 2, 4, 5}          # n = 1: no token of the history again
+    # a ban that would leave no token at all is lifted for that row
+    assert kept(apply_history_rules(logits[:1], [list(range(6))], SamplingParams(no_repeat_ngram=1))) == set(range(6))
+    with pytest.raises(ValueError, match="2 rows of logits but 1 histories"):
+        apply_history_rules(logits[:2], [[1]], SamplingParams(no_repeat_ngram=2))
+
+
+def test_bad_history_settings_are_named():
+    for kwargs, word in (({"repetition_penalty": 0.0}, "repetition_penalty"),
+                         ({"repetition_penalty": -1.2}, "repetition_penalty"),
+                         ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+                         ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+                         ({"repetition_penalty": True}, "repetition_penalty"),
+                         ({"no_repeat_ngram": -1}, "no_repeat_ngram"), ({"no_repeat_ngram": 2.0}, "no_repeat_ngram"),
+                         ({"no_repeat_ngram": True}, "no_repeat_ngram")):
+        with pytest.raises(ValueError, match=word):
+            SamplingParams(**kwargs)
+    assert SamplingParams(repetition_penalty=1, no_repeat_ngram=0).uses_history is False
+    assert SamplingParams(repetition_penalty=0.8).uses_history and SamplingParams(no_repeat_ngram=3).uses_history
 
 
 # ---- generation on the tiny V4.1 model ------------------------------------------------------------
@@ -211,3 +259,35 @@ def test_generation_trace_records_everything_and_round_trips(model, tmp_path):
     for name in ("t.json", "t.parquet.zip", "t.safetensors"):
         save_trace(trace, tmp_path / name)
         assert load_trace(tmp_path / name) == trace
+
+
+def test_history_rules_steer_greedy_decoding_as_a_step_by_step_reference(model):
+    # a penalty below 1 favours the history's tokens, so the n-gram ban has repeats to stop
+    rho, prompt = 0.3, PROMPTS[2]
+    res = generate(model, [prompt], max_new_tokens=8, stop_tokens=(), repetition_penalty=rho, no_repeat_ngram=2)
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(8):
+            logits = model(torch.tensor([seq]), logits="last").logits[0].clone()              # [V]
+            for t in set(seq):
+                logits[t] = logits[t] / rho if logits[t] > 0 else logits[t] * rho
+            for i in range(len(seq) - 1):                                                     # bigrams ending seq
+                if seq[i] == seq[-1]:
+                    logits[seq[i + 1]] = float("-inf")
+            seq.append(int(logits.argmax()))
+    assert res.tokens[0] == seq[len(prompt):]
+    assert res.tokens[0] != generate(model, [prompt], max_new_tokens=8, stop_tokens=()).tokens[0]
+
+
+def test_no_generated_token_repeats_an_ngram_and_rows_keep_their_own_history(model):
+    kw = dict(max_new_tokens=10, stop_tokens=(), repetition_penalty=0.3, no_repeat_ngram=2)
+    res = generate(model, PROMPTS, **kw)
+    for prompt, new in zip(PROMPTS, res.tokens):
+        seq = prompt + new
+        for j in range(len(prompt), len(seq)):
+            assert (seq[j - 1], seq[j]) not in set(zip(seq[:j - 1], seq[1:j])), (j, seq)
+    assert res.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
+    sampled = generate(model, PROMPTS[:2], max_new_tokens=6, temperature=1.0, seed=3, stop_tokens=(),
+                       repetition_penalty=0.3, no_repeat_ngram=1)
+    for prompt, new in zip(PROMPTS, sampled.tokens):   # n = 1: no token of the prompt or the output comes back
+        assert len(set(new)) == len(new) and not set(new) & set(prompt)

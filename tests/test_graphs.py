@@ -164,14 +164,14 @@ def _assert_same_facts(eager: dict, graphed: dict) -> None:
 
 
 def test_trace_after_eager_replay_equals_the_eager_trace():
-    """moe, mhc, engram and attention records of graphed decode steps equal the eager path's (ints exactly,
+    """moe, mhc, engram, attention and lens records of graphed decode steps equal the eager path's (ints exactly,
     floats to float32 rounding), including the top-k lists while fewer rows than index_topk are visible."""
     model = tiny_model()
     toks = random_tokens(1, 40, seed=5)[0]
     prompts = [toks[:2], toks[5:8]]                                         # short: early steps see < topk rows
     traces, logits = [], []
     for graphs in (False, True):
-        trace = Trace(TraceBudget(max_tokens=None, attention=True))
+        trace = Trace(TraceBudget(max_tokens=None, attention=True, lens=True))
         cache = model.new_cache(3 if graphs else 2, 32)
         decoder = GraphedDecoder(model, cache) if graphs else None
         out = []
@@ -203,7 +203,7 @@ def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
     n = len(prompts)
     gen = torch.Generator().manual_seed(0)
     eager, graphed = model.new_cache(n, 64), model.new_cache(n + 1, 64)
-    trace_e, trace_g = (Trace(TraceBudget(max_tokens=None, attention=True)) for _ in range(2))
+    trace_e, trace_g = (Trace(TraceBudget(max_tokens=None, attention=True, lens=True)) for _ in range(2))
     decoder = GraphedDecoder(model, graphed, tokens_per_row=S, logits="all", return_taps=True)
     worst = 0.0
     with torch.inference_mode():
@@ -382,14 +382,14 @@ def test_sampled_dspark_with_graphs_draws_the_same_random_numbers(spec_model):
 @pytest.mark.parametrize("max_tokens, prompts", [(None, [[0, 10], [0, 7, 21]]), (40, SPEC_PROMPTS)],
                          ids=["short-prompts", "budget"])
 def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
-    """moe/mhc/engram/attention facts, tokens and DSpark steps after rollback equal the eager run's. The
+    """moe/mhc/engram/attention/lens facts, tokens and DSpark steps after rollback equal the eager run's. The
     graphed step hands the trace only the scheduled block's records (trace_tokens), so short prompts (fewer
     visible compressed rows than index_topk) get the eager top-k widths, and a token budget that runs out
     mid-run fills the same slots and counts the same omissions."""
     from engine.generation import DSparkConfig
     traces = []
     for graphs in (False, True):
-        trace = Trace(TraceBudget(max_tokens=max_tokens, attention=True))
+        trace = Trace(TraceBudget(max_tokens=max_tokens, attention=True, lens=True))
         _speculate(spec_model, prompts, graphs, max_new_tokens=10, dspark=DSparkConfig("threshold", 0.6),
                    trace=trace)
         traces.append(trace)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from engine.trace import Trace, TraceFormatError
-from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
+from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel, lens_panel, mhc_panel
 from v41viz.inspect.equivalent import missing_reason, nearest_equivalent
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
 from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace, prompt_problem, status_sentence
-from v41viz.inspect.tokens import alternatives, token_table, visible
-from v41viz.inspect.trace_model import shown_text, text_lookup, trace_model
+from v41viz.inspect.tokens import alternatives, probability_text, token_table, visible
+from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
 from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id
 from v41viz.ui import engine_session
 
@@ -373,7 +373,8 @@ def test_links_parse_strictly_and_round_trip():
     for token in ("-1", "1e9", "٣", " 3", "3.0", "99999999999"):
         assert parse_link({"token": token})[0].token is None, token
     settings = {"prompt": "Now is\nthe winter ", "max_new_tokens": 12, "temperature": 0.7, "top_p": 0.95, "top_k": 40,
-                "seed": 5, "dspark": True, "schedule": "threshold", "threshold": 0.35, "attention": False}
+                "seed": 5, "dspark": True, "schedule": "threshold", "threshold": 0.35, "attention": False,
+                "repetition_penalty": 1.25, "no_repeat_ngram": 5}
     view = {"panel": "mHC", "node": "layers.3.hc_ffn", "layer": "layers.3", "seam": "ffn", "token": 6}
     query = link_params("checkpoint:default", settings, view)
     back, notes = parse_link(query)
@@ -469,3 +470,45 @@ def test_a_v4_run_labels_its_hash_routed_layers_and_routes_by_token_id():
     positions, ids, _, _ = experts_panel.choice_grid(run.trace, 0, paths[:1])
     for j, pos in enumerate(positions[:len(prompt_ids)]):
         assert sorted(ids[0, j].tolist()) == sorted(table[prompt_ids[pos]].tolist())
+
+
+def test_logit_lens_views_agree_with_the_trace(plain, slot):
+    """Layers down at one token: each layer's top token and probability, the rank and probability of the token that
+    came next; the last layer's read-out is the model's own distribution (the next token's top-k, greedy rank 1)."""
+    trace = plain.trace
+    paths = lens_panel.lens_paths(trace)
+    assert paths == [f"layers.{i}" for i in range(slot.args.n_layers)]
+    assert lens_panel.lens_paths(trace, "layers.3.ffn") == ["layers.3"]
+    text = shown_text(text_lookup(trace, slot.engine.tokenizer.token_text))
+    toks = trace.tokens(0)
+    pos = len(toks) - 3                                   # a generated token whose successor was generated too
+    nxt = toks[pos + 1]
+    table = lens_panel.lens_table(trace, 0, pos, text)
+    chosen = f"'{visible(text(nxt.token_id))}'"
+    assert list(table.columns) == ["layer", "top token", "p", "runners-up", f"rank of {chosen}", f"p of {chosen}"]
+    assert list(table["layer"]) == paths
+    for line, path in zip(table.itertuples(index=False), paths):
+        rec = trace.fact("lens", path, 0, pos)
+        assert line[1] == f"'{visible(text(rec['top_ids'][0]))}'" and line[2] == probability_text(rec["top_probs"][0])
+        assert line[3].count(" · ") == 3 and line[4] == rec["next_rank"] and rec["next_id"] == nxt.token_id
+    last = trace.fact("lens", paths[-1], 0, pos)
+    assert last["top_ids"].tolist() == nxt.top_ids.tolist() and last["next_rank"] == 1
+    np.testing.assert_allclose(last["top_probs"], nxt.top_probs, rtol=1e-5)
+    fig = lens_panel.lens_figure(trace, 0, pos, text)
+    bars, diamonds = fig.data
+    assert list(bars.y) == paths and np.allclose(bars.x, [trace.fact("lens", p, 0, pos)["top_probs"][0] for p in paths])
+    assert list(diamonds.customdata) == [int(trace.fact("lens", p, 0, pos)["next_rank"]) for p in paths]
+    norms = lens_panel.norm_figure(trace, 0, pos)
+    assert len(norms.data) == 1 + slot.args.hc_mult
+    assert np.allclose(norms.data[2].y, [trace.fact("lens", p, 0, pos)["rms_out"][1] for p in paths])
+    heat = lens_panel.next_token_heatmap(trace).data[0]
+    assert np.asarray(heat.z).shape == (len(paths), len(toks) - 1)
+    bars = lens_panel.logprob_figure(trace, 0, pos).data
+    assert [b.name for b in bars] == ["prompt (teacher-forced)", "generated"]
+    assert np.allclose(bars[1].y, [t.logprob for t in toks if t.generated])
+    copy = Trace.from_tables(*trace.to_tables())
+    record_texts(copy, slot.engine.tokenizer.token_text)         # a saved trace names each layer's top tokens
+    assert {str(i) for *_, v in copy.facts("lens") for i in v[0].tolist()} <= \
+        set(copy.meta[TEXTS]) | {str(t.token_id) for t in toks}
+    empty = Trace()
+    assert lens_panel.lens_table(empty, 0, 0, text).empty and not lens_panel.lens_paths(empty)

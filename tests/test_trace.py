@@ -11,6 +11,11 @@ import torch
 from engine.trace import DSparkStep, Trace, TraceBudget, TraceFormatError, load_trace, load_trace_bytes, save_trace
 
 FORMATS = ("t.json", "t.parquet.zip", "t.safetensors")
+HEAD = torch.randn(50, 8, generator=torch.Generator().manual_seed(1))  # a stand-in head for the logit lens: 8 -> 50
+
+
+def readout(x: torch.Tensor) -> torch.Tensor:
+    return x.float() @ HEAD.T
 
 
 def _doubly_stochastic(g: torch.Generator, *lead: int) -> torch.Tensor:
@@ -41,11 +46,15 @@ def fill(trace: Trace, *, b: int = 2, s: int = 3, start: int = 0, rows=None, lay
             trace.record_attention(f"{path}.attn", rows, positions, torch.randint(-1, 9, (b, s, s + 1), generator=g),
                                    torch.rand(b, s, 2, generator=g), torch.rand(b, s, 2, generator=g),
                                    torch.rand(b, s, 2, generator=g))
+        if trace.wants_lens(path):
+            trace.record_lens(path, rows, positions, torch.randn(b, s, 8, generator=g), torch.rand(b, s, 4, generator=g),
+                              torch.rand(b, s, 4, generator=g), readout)
     return trace
 
 
 def rich_trace() -> Trace:
-    t = Trace(TraceBudget(max_tokens=100, attention=True, top_k_logits=3), meta={"config": "tiny", "prompt": "héllo"})
+    t = Trace(TraceBudget(max_tokens=100, attention=True, top_k_logits=3, lens=True),
+              meta={"config": "tiny", "prompt": "héllo"})
     fill(t, b=2, s=3)
     fill(t, b=2, s=1, start=3)
     t.record_prompt(0, [5, 6, 7], ["a", "b", " ç"])
@@ -220,3 +229,26 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="accepted"):
         DSparkStep(0, 0, 0, 0, [1], [0.5], [0.5], [0.5], verify_len=1, accepted=2, next_token=0,
                    next_kind="bonus", time_s=0.0)
+
+
+def test_lens_read_outs_resolve_through_the_head_when_read():
+    """The model records each layer's read-out; the first read turns them into top-k, the next token's rank and
+    probability (one batched head matmul), and rollback drops them like any other fact."""
+    t = rich_trace()
+    hidden = torch.randn(2, 1, 8, generator=torch.Generator().manual_seed(9))   # two rows at position 4
+    t.record_lens("layers.1", torch.tensor([0, 1]), torch.tensor([[4], [4]]), hidden, torch.ones(2, 1, 4),
+                  torch.ones(2, 1, 4), readout)
+    t.record_token(0, 5, 7, "z", step=1, step_time_s=0.0, logits=torch.randn(50))
+    rec = t.fact("lens", "layers.1", 0, 4)
+    probs = torch.softmax(readout(hidden[0, 0]), -1)
+    top = torch.topk(probs, 3)
+    assert rec["top_ids"].tolist() == top.indices.tolist()
+    np.testing.assert_allclose(rec["top_probs"], top.values.numpy(), rtol=1e-6)
+    assert rec["next_id"] == 7 and rec["next_rank"] == 1 + int((probs > probs[7]).sum())
+    np.testing.assert_allclose(rec["next_prob"], probs[7].item(), rtol=1e-6)
+    other = t.fact("lens", "layers.1", 1, 4)
+    assert other["next_id"] == -1 and other["next_rank"] == -1 and np.isnan(other["next_prob"])
+    assert t.fact("lens", "layers.0", 0, 2)["next_id"] == 42   # the generated token that followed
+    assert t.summary()["records"]["lens"] == 2 * 8 + 2 and t._lens_readout is None   # resolved, model let go
+    t.rollback(0, 4)
+    assert t.fact("lens", "layers.1", 0, 4) is None and t.fact("lens", "layers.1", 1, 4) is not None

@@ -84,7 +84,8 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
     """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
     twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
     ratio of traced to untraced time over the back-to-back pairs. The default budget is the Inspect page's
-    (every layer, attention facts, top-5 logits), and a traced forward includes each row's token record."""
+    (every layer, attention facts, top-5 logits, the logit lens), and a traced forward includes each row's token
+    record (the lens's head matmuls come once, when the trace is first read: not per step)."""
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
                         seed=seed, device=device, dtype=dtype, options=options)
     g = torch.Generator().manual_seed(seed)
@@ -95,7 +96,7 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
     with torch.inference_mode():
         _timed(model, torch.tensor(prompts, device=device)[:, :2], model.new_cache(batch), None)  # warm-up
         for rep in range(repeats):
-            trace = Trace(budget or TraceBudget(max_tokens=None, attention=True))
+            trace = Trace(budget or TraceBudget(max_tokens=None, attention=True, lens=True))
             caches = {False: model.new_cache(batch, prompt_len + new_tokens),
                       True: model.new_cache(batch, prompt_len + new_tokens)}
             tokens = torch.tensor(prompts, device=device)  # [B, prompt_len]

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..spec.errors import InputError
+from ..spec.interventions import check_interventions, parse_intervention
 from ..text.prompt_text import check_prompt_text
 from .arg_checks import (
     check_at_least,
@@ -40,9 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="0 = greedy (default); sampling takes at least 1e-4 (below, logits / T overflow)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, metavar="X",
+                        help="CTRL-style penalty on every token already in the text (prompt + output): its logit is "
+                             "divided by X when positive, multiplied when negative (1 = off, the default)")
+    parser.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                        help="never emit a token that would repeat an N-gram already in the text (0 = off, the "
+                             "default). Both apply to greedy and sampled decoding, and DSpark stays lossless")
     parser.add_argument("--trace", metavar="FILE", help="write a trace: .json, .parquet.zip or .safetensors")
     parser.add_argument("--trace-max-tokens", type=int, default=2048, help="token budget of the trace")
     parser.add_argument("--trace-attention", action="store_true", help="also record attention facts")
+    parser.add_argument("--trace-lens", action="store_true",
+                        help="also record the logit lens (each layer's top tokens) and the residual-stream RMS")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: small decode steps are many tiny ops, and extra "
@@ -63,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run plain decode steps through torch.compile (inductor): several times faster on a CPU "
                              "once compiled, but compiling takes minutes the first time (cached on disk after); "
                              "output equal up to float rounding. Not with --dspark")
+    parser.add_argument("--intervene", metavar="SPEC", action="append", default=[],
+                        help="a what-if change, repeatable: engram-off:L, ban-expert:L:E, force-expert:L:E, "
+                             "mhc-identity:L, no-candidate-filter, drop-stage:K (with --dspark), each optionally "
+                             "@P (token position P only), @P-Q or @P- (positions, 0 = the first prompt token); "
+                             "recorded in the trace. Not with --cuda-graphs or --compile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +99,7 @@ def generate_text(args: argparse.Namespace) -> int:
         raise InputError("--random-init needs --config (a config.json path or a preset name such as tiny-v4.1)")
     check_arguments(args)
     model_args = _model_config(args)
+    interventions = _interventions(args, model_args)
     check_prompt_text(args.prompt, "--prompt", model_args.max_seq_len)  # a length no tokenization can fit
     check_at_most(args.max_new_tokens, model_args.max_seq_len - 1, "--max-new-tokens",
                   f"what the model's max_seq_len of {model_args.max_seq_len} leaves after a one-token prompt")
@@ -112,9 +127,11 @@ def generate_text(args: argparse.Namespace) -> int:
         dspark = DSparkConfig.from_settings(args.schedule, args.threshold, engine.model, on_profiled=_announce_profile)
     trace = None
     if args.trace:
-        trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention),
+        trace = Trace(TraceBudget(max_tokens=args.trace_max_tokens, attention=args.trace_attention,
+                                  lens=args.trace_lens),
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                            "repetition_penalty": args.repetition_penalty, "no_repeat_ngram": args.no_repeat_ngram,
                             "seed": args.seed, "dspark": args.schedule if args.dspark else "off",
                             # the model's sizes, so a replay or a Compare diff needs no loaded model (V4's
                             # hash-routed layers among them); the keys v41viz.inspect.trace_model reads
@@ -124,6 +141,8 @@ def generate_text(args: argparse.Namespace) -> int:
                             "n_hash_layers": engine.args.n_hash_layers})
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
+    for iv in interventions:
+        print(f"[intervention {iv.text}: {iv.describe()}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
 
@@ -133,8 +152,9 @@ def generate_text(args: argparse.Namespace) -> int:
 
     out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               repetition_penalty=args.repetition_penalty, no_repeat_ngram=args.no_repeat_ngram,
                                trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs,
-                               **({"compiled": True} if args.compile else {}))
+                               interventions=interventions, **({"compiled": True} if args.compile else {}))
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "
@@ -151,7 +171,7 @@ def generate_text(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every flag's value, before any work (the limits a config sets are checked once it is read)."""
-    from ..model.sampling import check_sampling
+    from ..model.sampling import check_repetition, check_sampling
     from ..trace import trace_format
 
     check_prompt_text(args.prompt, "--prompt")
@@ -160,8 +180,17 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_device(args.device)
     check_at_least(args.max_new_tokens, 0, "--max-new-tokens")
     check_sampling(args.temperature, args.top_k, args.top_p, names=("--temperature", "--top-k", "--top-p"))
+    check_repetition(args.repetition_penalty, args.no_repeat_ngram, names=("--repetition-penalty", "--no-repeat-ngram"))
     check_fraction(args.threshold, "--threshold")
     check_at_least(args.trace_max_tokens, 1, "--trace-max-tokens")
+    for spec in args.intervene:
+        try:
+            parse_intervention(spec)
+        except InputError as e:
+            raise InputError(f"--intervene: {e}") from None
+    if args.intervene and (args.cuda_graphs or args.compile):
+        raise InputError("--intervene runs on the eager decode path: leave out --cuda-graphs and --compile "
+                         "(a captured or compiled step would not apply it)")
     if args.trace:
         try:
             trace_format(args.trace)  # an unknown suffix
@@ -176,6 +205,18 @@ def _model_config(args: argparse.Namespace):
     from ..spec.config import load_config
     from ..spec.presets import resolve_config
     return resolve_config(args.config) if args.config else load_config(config_beside(args.checkpoint))
+
+
+def _interventions(args: argparse.Namespace, model_args):
+    """The --intervene specs checked against the model's config (drop-stage only with --dspark)."""
+    try:
+        checked = check_interventions(args.intervene, model_args)
+    except InputError as e:
+        raise InputError(f"--intervene: {e}") from None
+    dropped = [iv.text for iv in checked if iv.kind == "drop-stage"]
+    if dropped and not args.dspark:
+        raise InputError(f"--intervene {dropped[0]}: drop-stage changes the DSpark drafter; add --dspark")
+    return checked
 
 
 def _announce_profile(path: Path) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.draft import DraftContext, draft_hidden
+from ..model.interventions import NONE
 from ..model.sampling import SamplingParams, draw, probabilities
 from .drafter_cache import DrafterCache
 
@@ -31,10 +32,11 @@ class Draft:
 
 
 def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
-          generators: list, trace=None) -> Draft:
+          generators: list, trace=None, interventions=None) -> Draft:
     """Draft γ tokens after each row's anchor. The anchor sits at position rings.pos[row]; the rings hold the
     target features of every earlier committed position. rows [B] cache rows, anchors [B] token ids.
-    (engine.graphs.GraphedDrafter runs the same two halves, draft_forward from static buffers.)"""
+    (engine.graphs.GraphedDrafter runs the same two halves, draft_forward from static buffers.) interventions: an
+    engine.model.interventions.Interventions; the drafter applies its drop-stage ones."""
     a = model.args
     gamma, dev = a.dspark_block_size, model.device
     rows = torch.as_tensor(rows, dtype=torch.long).cpu()
@@ -42,7 +44,7 @@ def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor,
     positions = rings.pos[rows].unsqueeze(1) + torch.arange(gamma)           # [B, γ]
     ring_rows, ring_index = rings.read(rows)
     ctx = DraftContext(rows=rows, positions=positions.to(dev), rings=ring_rows, ring_index=ring_index,
-                       quant_sim=model.options.quant_sim, trace=trace)
+                       quant_sim=model.options.quant_sim, trace=trace, interventions=interventions or NONE)
     hidden, base = draft_forward(model, ids.to(dev), ctx)
     tokens, q, z = markov_drafts(model.mtp[-1], base, hidden, ids[:, 0].to(dev), params, generators)
     return Draft(tokens.cpu(), q, z.float().cpu())

@@ -8,6 +8,7 @@ import torch
 
 from ..dspark.config import DSparkConfig
 from ..spec.errors import InputError
+from ..spec.interventions import Intervention
 from ..text.prompt_text import check_prompt_text, check_text
 from .plain import generate
 from .results import GenerationResult, StepInfo
@@ -97,11 +98,14 @@ class Engine:
         return ids
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, dspark: DSparkConfig | None = None,
-                 **kwargs) -> GenerationResult:
+                 interventions: Sequence[Intervention | str] = (), **kwargs) -> GenerationResult:
         """Generate from token ids: plain decoding, or with dspark (a DSparkConfig) speculative decoding, whose
         result is a SpeculativeResult with DSpark metrics. The other keywords are those of
         engine.generation.plain.generate (sampling, seed, stop tokens, on_token, trace, cuda_graphs); the trace
-        labels tokens with the tokenizer's text unless token_text is given."""
+        labels tokens with the tokenizer's text unless token_text is given. interventions: what-if changes
+        (engine.spec.interventions, e.g. 'ban-expert:3:5@12'), checked against the config, applied to every forward
+        of the run and recorded in the trace's meta."""
+        kwargs["interventions"] = interventions
         if self.tokenizer is not None:
             kwargs.setdefault("token_text", self.tokenizer.token_text)
         if getattr(self.model, "world", None) is not None:  # every rank must take the same steps
@@ -113,10 +117,11 @@ class Engine:
 
     def generate_text(self, prompts: str | Sequence[str], *, max_new_tokens: int, add_bos: bool = True,
                       on_text: Callable[[int, str], None] | None = None, dspark: DSparkConfig | None = None,
-                      **kwargs) -> TextGeneration:
+                      interventions: Sequence[Intervention | str] = (), **kwargs) -> TextGeneration:
         """Generate from text; on_text(row, piece) streams decoded text (whole characters only). dspark: a
         DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics).
-        cuda_graphs=True graphs the decode steps (with dspark: the target's verify forwards)."""
+        cuda_graphs=True graphs the decode steps (with dspark: the target's verify forwards). interventions: as
+        for generate."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode_prompt(t, add_bos, f"prompt {i}") for i, t in enumerate(texts)]
         streams = [TextStream(self.tokenizer) for _ in texts]
@@ -129,7 +134,8 @@ class Engine:
             if user_cb is not None:
                 user_cb(row, token, info)
 
-        result = self.generate(ids, max_new_tokens=max_new_tokens, on_token=on_token, dspark=dspark, **kwargs)
+        result = self.generate(ids, max_new_tokens=max_new_tokens, on_token=on_token, dspark=dspark,
+                               interventions=interventions, **kwargs)
         return TextGeneration([self.tokenizer.decode(t) for t in result.tokens], ids, result)
 
 

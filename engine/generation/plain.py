@@ -6,9 +6,27 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..model.sampling import SamplingParams, check_finite_logits, draw, make_generators, probabilities
+from ..model.sampling import (
+    SamplingParams,
+    apply_history_rules,
+    check_finite_logits,
+    draw,
+    make_generators,
+    probabilities,
+)
+from ..spec.errors import InputError
 from ..trace import Trace
-from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
+from .results import (
+    EOS_ID,
+    Emitter,
+    GenerationResult,
+    OnToken,
+    check_max_new_tokens,
+    check_prompts,
+    elapsed,
+    row_seeds,
+    run_interventions,
+)
 
 
 @torch.inference_mode()
@@ -16,16 +34,24 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
              top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] | None = None,
              stop_tokens: Sequence[int] = (EOS_ID,), on_token: OnToken | None = None, trace: Trace | None = None,
              token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False,
-             compiled: bool = False) -> GenerationResult:
+             compiled: bool = False, interventions: Sequence = (), repetition_penalty: float = 1.0,
+             no_repeat_ngram: int = 0) -> GenerationResult:
     """Generate up to max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
     output does not depend on its batch companions. token_text labels tokens in the trace. cuda_graphs:
     decode steps go through an engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on
     the CPU the same static body runs eagerly); compiled: that decoder's untraced steps run torch.compile'd
     (engine.graphs.compiled_body; minutes of compiling first, then several times faster on a CPU, equal up
-    to float rounding); prefill stays eager."""
+    to float rounding); prefill stays eager. interventions: what-if changes (engine.spec.interventions: items or
+    texts such as 'ban-expert:3:5@12') applied to every forward of the run and recorded in the trace's meta.
+    repetition_penalty / no_repeat_ngram (1 / 0 = off): engine.model.sampling.apply_history_rules over each row's
+    prompt + tokens so far, before the choice (greedy or sampled)."""
     args = model.args
+    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs or compiled)
+    if any(iv.kind == "drop-stage" for iv in interventions.items):
+        raise InputError("intervention 'drop-stage' changes the DSpark drafter, which plain decoding does not run: "
+                         "decode with DSpark, or leave it out")
     check_max_new_tokens(max_new_tokens)
-    params = SamplingParams(float(temperature), top_k, float(top_p))
+    params = SamplingParams(float(temperature), top_k, float(top_p), repetition_penalty, no_repeat_ngram)
     prompts = check_prompts(prompts, args.vocab_size, args.max_seq_len)
     n = len(prompts)
     seeds = row_seeds(seed, n)
@@ -45,10 +71,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
     last_logits, last_time = [], []
     for row, ids in enumerate(prompts):
-        out.record_prompt(row, ids, model)  # with a trace: also each prompt token's probability
+        out.record_prompt(row, ids, model, interventions)  # with a trace: also each prompt token's probability
         t0 = time.perf_counter()
         logits = model(torch.tensor([ids], device=device), cache, rows=torch.tensor([row], device=device),
-                       trace=trace, logits="last").logits  # [1, V]
+                       trace=trace, logits="last", interventions=interventions).logits  # [1, V]
         last_time.append(elapsed(t0, device))
         last_logits.append(logits)
     result.prefill_s = sum(last_time)
@@ -62,10 +88,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     for step in range(max_new_tokens):
         check_finite_logits(logits, lambda i: f"at step {step} (row {active[i]}, choosing the token at position "
                                               f"{len(prompts[active[i]]) + len(result.tokens[active[i]])})")
+        scores = apply_history_rules(logits, [prompts[r] + result.tokens[r] for r in active], params) \
+            if params.uses_history else logits                                 # [A, V]
         if params.greedy:
-            chosen, probs = logits.argmax(-1), [1.0] * len(active)
+            chosen, probs = scores.argmax(-1), [1.0] * len(active)
         else:
-            dist = probabilities(logits, params)  # [A, V]
+            dist = probabilities(scores, params)  # [A, V]
             chosen = draw(dist, [generators[r] for r in active])
             probs = dist.gather(-1, chosen[:, None]).squeeze(-1).tolist()
         still = []
@@ -82,9 +110,11 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
             logits = decoder.step(torch.tensor([[result.tokens[r][-1]] for r in active]), active, trace).logits
         else:
             last = torch.tensor([[result.tokens[r][-1]] for r in active], device=device)  # [A, 1]
-            logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last").logits
+            logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last",
+                           interventions=interventions).logits
         dt = elapsed(t0, device)
         result.step_times.append(dt)
         result.decode_s += dt
         times = [dt] * len(active)
     return result
+

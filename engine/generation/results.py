@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..model.interventions import Interventions
 from ..model.sampling import MAX_SEED
 from ..spec.errors import InputError
 from ..text.tokenizer import EOS_ID
@@ -122,16 +123,34 @@ def elapsed(t0: float, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def run_interventions(model, items, trace=None, *, graphed: bool = False) -> Interventions:
+    """One run's interventions, checked against the model's config and written into the trace's meta ("interventions":
+    their canonical texts, [] for none). Refused where the run would not apply them: CUDA-graphed or compiled decode
+    steps (captured without them) and a model split over ranks (torchrun)."""
+    checked = Interventions.of(items, model.args)
+    if checked and graphed:
+        raise InputError("interventions run on the eager decode path: CUDA-graphed and torch.compile'd steps are "
+                         "captured without them; leave out cuda_graphs / --cuda-graphs and --compile")
+    world = getattr(model, "world", None)
+    if checked and world is not None:
+        raise InputError(f"interventions are not supported on a model split over {world.size} ranks (torchrun); "
+                         "run in one process")
+    if trace is not None:
+        trace.meta["interventions"] = checked.texts
+    return checked
+
+
 PROMPT_LOGITS_VALUES = 2**24  # logits held at once while scoring a prompt (64 MiB in fp32)
 
 
 @torch.inference_mode()
-def score_prompt(model, ids: list[int], row: int, trace: Trace) -> None:
+def score_prompt(model, ids: list[int], row: int, trace: Trace, interventions=None) -> None:
     """Teacher-forced probabilities of a prompt's tokens, into the trace: the prompt (all but its last token) runs
     through a cache of its own in chunks whose logits stay under PROMPT_LOGITS_VALUES (chunked prefill equals
     one-shot prefill), and position p's logits score the token at p + 1. A separate forward, without the trace,
     so that tracing changes nothing the generation computes. A model split over ranks (engine.parallel) runs it
-    on every rank: each rank traces alike, so every rank runs the same forwards."""
+    on every rank: each rank traces alike, so every rank runs the same forwards. interventions: the run's (the
+    prompt is scored by the model the run generates with)."""
     if len(ids) < 2:
         return
     device = next(model.parameters()).device
@@ -139,7 +158,8 @@ def score_prompt(model, ids: list[int], row: int, trace: Trace) -> None:
     cache = model.new_cache(1, len(ids))
     for start in range(0, len(ids) - 1, chunk):
         part = ids[start:min(start + chunk, len(ids) - 1)]
-        logits = model(torch.tensor([part], device=device), cache, logits="all").logits[0]  # [≤ len(part), V]
+        logits = model(torch.tensor([part], device=device), cache, logits="all",
+                       interventions=interventions).logits[0]                              # [≤ len(part), V]
         trace.record_prompt_logits(row, start + len(part) - logits.shape[0], logits)
 
 
@@ -153,12 +173,13 @@ class Emitter:
         self.trace, self.on_token = trace, on_token
         self.text_of = token_text or (lambda t: "")
 
-    def record_prompt(self, row: int, ids: list[int], model=None) -> None:
-        """The prompt's tokens into the trace; with the model, also how probable each was (score_prompt)."""
+    def record_prompt(self, row: int, ids: list[int], model=None, interventions=None) -> None:
+        """The prompt's tokens into the trace; with the model, also how probable each was (score_prompt, under the
+        run's interventions)."""
         if self.trace is not None:
             self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
             if model is not None:
-                score_prompt(model, ids, row, self.trace)
+                score_prompt(model, ids, row, self.trace, interventions)
 
     def emit(self, row: int, pos: int, token: int, step: int, time_s: float, logits: torch.Tensor,
              prob: float) -> bool:

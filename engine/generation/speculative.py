@@ -16,6 +16,7 @@ from ..dspark.verify import verify, verify_greedy
 from ..model.sampling import (
     NonFiniteLogitsError,
     SamplingParams,
+    apply_history_rules,
     check_finite_logits,
     draw,
     make_generators,
@@ -23,7 +24,17 @@ from ..model.sampling import (
 )
 from ..spec.errors import InputError
 from ..trace import DSparkStep
-from .results import EOS_ID, Emitter, GenerationResult, OnToken, check_max_new_tokens, check_prompts, elapsed, row_seeds
+from .results import (
+    EOS_ID,
+    Emitter,
+    GenerationResult,
+    OnToken,
+    check_max_new_tokens,
+    check_prompts,
+    elapsed,
+    row_seeds,
+    run_interventions,
+)
 
 __all__ = ["SpeculativeResult", "generate_speculative"]
 
@@ -49,7 +60,9 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
                          seed: int | Sequence[int] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
                          dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
                          token_text: Callable[[int], str] | None = None,
-                         verifier: Verifier = verify, cuda_graphs: bool = False) -> SpeculativeResult:
+                         verifier: Verifier = verify, cuda_graphs: bool = False,
+                         interventions: Sequence = (), repetition_penalty: float = 1.0,
+                         no_repeat_ngram: int = 0) -> SpeculativeResult:
     """Same contract as engine.generation.plain.generate (row i samples with seed + i; tokens, finish reasons), with
     every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
     emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
@@ -61,21 +74,31 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     those of the eager path. A step where some row lacks room for a full block in the cache runs eagerly.
     The draft step goes through an engine.graphs.GraphedDrafter: the stages' forward and base logits (and,
     greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
-    generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager."""
+    generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager.
+
+    interventions (engine.spec.interventions) apply to every target forward, so the drafter's taps come from the
+    intervened target, and drop-stage to the drafter: the output is the plain output under the same backbone
+    interventions (greedy: token for token). Not with cuda_graphs.
+
+    repetition_penalty / no_repeat_ngram (engine.model.sampling.apply_history_rules) process the target's logits
+    at every verified position with the history that position has if the drafts before it are accepted (prompt,
+    committed tokens, those drafts), so verification compares the drafts with exactly what plain decoding under
+    the same options would choose or sample there; the drafter proposes from its own unprocessed distribution."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
         raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
     check_max_new_tokens(max_new_tokens)
-    params = SamplingParams(float(temperature), top_k, float(top_p))
+    params = SamplingParams(float(temperature), top_k, float(top_p), repetition_penalty, no_repeat_ngram)
     cfg = dspark or DSparkConfig()
     if cfg.schedule == "auto" and not cfg.early_stop and not params.greedy:
         # the global search may look at a draft's own survival (which depends on the draft's value) before
         # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
         raise InputError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
                          "use early_stop=True or greedy decoding")
+    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs)
     run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
                        params, cfg, seed,
-                       stop_tokens, on_token, trace, token_text, verifier, cuda_graphs)
+                       stop_tokens, on_token, trace, token_text, verifier, cuda_graphs, interventions)
     run.prefill()
     while run.active:
         run.step()
@@ -86,8 +109,9 @@ class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
 
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
-                 verifier, cuda_graphs=False):
+                 verifier, cuda_graphs=False, interventions=None):
         self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
+        self.interventions = interventions
         self.params, self.cfg, self.trace, self.verifier = params, cfg, trace, verifier
         n, self.gamma = len(prompts), model.args.dspark_block_size
         self.temperature = cfg.temperature(self.gamma)
@@ -120,12 +144,13 @@ class _Speculation:
         by_len: dict[int, list[int]] = {}
         for row, ids in enumerate(self.prompts):
             by_len.setdefault(len(ids), []).append(row)
-            self.out.record_prompt(row, ids, self.model)
+            self.out.record_prompt(row, ids, self.model, self.interventions)
         model, dev = self.model, self.model.device
         for length, group in by_len.items():
             t0 = time.perf_counter()
             logits, taps = model(torch.tensor([self.prompts[r] for r in group], device=dev), self.cache,
-                                 rows=torch.tensor(group), trace=self.trace, logits="last")
+                                 rows=torch.tensor(group), trace=self.trace, logits="last",
+                                 interventions=self.interventions)
             self.rings.append(model, taps, group)                             # taps [G, S, n_taps·dim]
             dt = elapsed(t0, dev)
             self.res.prefill_s += dt
@@ -135,7 +160,8 @@ class _Speculation:
                 continue
             check_finite_logits(logits, lambda i: f"after the prefill of row {group[i]} (choosing the token at "
                                                   f"position {length})")
-            p = probabilities(logits, self.params)                             # [G, V]
+            scores = apply_history_rules(logits, [self.prompts[r] for r in group], self.params)
+            p = probabilities(scores, self.params)                             # [G, V]
             chosen = p.argmax(-1) if self.params.greedy else draw(p, [self.gens[r] for r in group])
             for i, r in enumerate(group):
                 token = int(chosen[i])
@@ -160,7 +186,7 @@ class _Speculation:
                 d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
                 self.res.graphed_drafts += 1
             else:
-                d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace)
+                d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace, self.interventions)
         except NonFiniteLogitsError as e:  # a sampled draft's distribution
             raise NonFiniteLogitsError(f"DSpark step {self.n_steps} (the drafter's sampling): {e}") from None
         check_finite_logits(d.confidence_logits, lambda i: f"of the DSpark drafter's confidence head at step "
@@ -193,7 +219,8 @@ class _Speculation:
             self.res.graphed_forwards += 1
             return self.decoder.step(block, rows, self.trace, trace_tokens=width)
         block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
-        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all")
+        return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
+                          interventions=self.interventions)
 
     def _capped(self, lengths: list[int], anchor_pos: torch.Tensor) -> list[int]:
         """Never verify past a row's token budget or the model's last position: a step emits ℓ + 1 tokens."""
@@ -205,14 +232,19 @@ class _Speculation:
 
     def _verify(self, d, lengths, logits) -> list:
         """(p [ℓ+1, V] or None when greedy, Verdict) per active row."""
-        out = []
-        target_ids = logits.argmax(-1).cpu() if self.params.greedy else None  # [A, w]
+        out, rules = [], self.params.uses_history
+        target_ids = logits.argmax(-1).cpu() if self.params.greedy and not rules else None  # [A, w]
         for i, r in enumerate(self.active):
             ell = lengths[i]
+            scores = logits[i, :ell + 1]                                       # [ℓ+1, V]
+            if rules:  # position k follows the committed tokens (anchor last) and drafts 1..k
+                past, drafts = self.prompts[r] + self.res.tokens[r], d.tokens[i, :ell].tolist()
+                scores = apply_history_rules(scores, [past + drafts[:k] for k in range(ell + 1)], self.params)
             if self.params.greedy:
-                out.append((None, verify_greedy(d.tokens[i, :ell], target_ids[i, :ell + 1])))
+                ids = target_ids[i, :ell + 1] if target_ids is not None else scores.argmax(-1).cpu()
+                out.append((None, verify_greedy(d.tokens[i, :ell], ids)))
                 continue
-            p = probabilities(logits[i, :ell + 1], self.params)                # [ℓ+1, V]
+            p = probabilities(scores, self.params)                             # [ℓ+1, V]
             out.append((p, self.verifier(d.tokens[i, :ell].to(p.device), d.q[i, :ell], p, generator=self.gens[r])))
         return out
 

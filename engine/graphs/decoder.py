@@ -67,11 +67,12 @@ class GraphedDecoder:
         if logits not in ("last", "all"):
             raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         self.tokens_per_row, self.logits_mode, self.return_taps = tokens_per_row, logits, return_taps
-        self._buckets: dict[tuple[int, frozenset | None], _Bucket] = {}
+        self._buckets: dict[tuple[int, tuple[frozenset, frozenset] | None], _Bucket] = {}
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
         self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.kv_source] for r in roles if r.ratio}
         self.attention_paths = [f"{r.path}.attn" for r in roles]
+        self.layer_paths = [r.path for r in roles]   # (the logit lens records per layer)
 
     @property
     def captured(self) -> list[int]:
@@ -103,11 +104,12 @@ class GraphedDecoder:
         positions = start.unsqueeze(1) + torch.arange(S)                              # [n, S]
         engram = model.engram_rows(tokens, None, cache, rows, positions)
         key = (max(bucket_for(n), self.min_bucket), None if trace is None else
-               frozenset(p for p in self.attention_paths if trace.wants_attention(p)))
+               (frozenset(p for p in self.attention_paths if trace.wants_attention(p)),
+                frozenset(p for p in self.layer_paths if model.records_lens(trace) and trace.wants_lens(p))))
         st = self._buckets.get(key)
         if st is None:
             inputs = DecodeInputs(model, key[0], self.scratch_row, S, self.logits_mode, self.return_taps)
-            st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(key[1]))
+            st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(*key[1]))
         st.inputs.fill(tokens, start, rows, engram)
         self._run(st)
         cache.advance(rows, S)

@@ -41,7 +41,8 @@ def check_capture_safe(args, *, batch: int = 2, max_seq_len: int = 64, dtype=tor
     model = _meta_model(args, dtype, options)
     cache = model.new_cache(batch + 1, max_seq_len)
     inputs = DecodeInputs(model, batch, scratch_row=batch, n_tokens=n_tokens, logits=logits, taps=taps)
-    sink = TraceBuffers(f"{r.path}.attn" for r in args.roles[: args.n_layers]) if trace else None
+    roles = args.roles[: args.n_layers]
+    sink = TraceBuffers((f"{r.path}.attn" for r in roles), (r.path for r in roles)) if trace else None   # (+ lens)
     try:
         with torch.inference_mode():
             body(model, cache, inputs, sink)

@@ -11,13 +11,15 @@ class TraceBuffers:
     field; freeze() then moves them into one flat device tensor per dtype, at fixed addresses, so that later
     runs (and graph replays) only copy into them and the host reads a step back with one copy per dtype.
 
-    Covered record kinds: moe, mhc, engram, and attention for the paths in `attention_paths` (chosen at
-    capture: a trace that wants other attention layers gets its own graph). The body's rows/positions
-    arguments are ignored; emit() supplies the host's own.
+    Covered record kinds: moe, mhc, engram, attention for the paths in `attention_paths`, and the logit lens's
+    read-outs for the layers in `lens_paths` (both chosen at capture: a trace that wants other layers gets its
+    own graph). The body's rows/positions arguments are ignored; emit() supplies the host's own.
     """
 
-    def __init__(self, attention_paths=()):
+    def __init__(self, attention_paths=(), lens_paths=()):
         self.attention_paths = frozenset(attention_paths)
+        self.lens_paths = frozenset(lens_paths)
+        self.lens_readout = None   # the model's head, handed on with the lens records
         self._fields: dict[tuple[str, str, str], list[torch.Tensor]] = {}   # in record order
         self._layout: dict[tuple[str, str, str], list[tuple[torch.dtype, int, tuple[int, ...]]]] = {}
         self._flat: dict[torch.dtype, torch.Tensor] = {}
@@ -41,6 +43,14 @@ class TraceBuffers:
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
         if path in self.attention_paths:
             self._put(("attention", path, ""), (topk, window_mass, compressed_mass, sink_mass))
+
+    def wants_lens(self, path: str) -> bool:
+        return path in self.lens_paths
+
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout) -> None:
+        if path in self.lens_paths:
+            self.lens_readout = readout
+            self._put(("lens", path, ""), (hidden, rms_in, rms_out))
 
     def _put(self, key, tensors) -> None:
         if not self.frozen:  # the layout run: remember a copy of each field
@@ -95,6 +105,8 @@ class TraceBuffers:
                 trace.record_mhc(path, site, rows, positions, *f)
             elif kind == "engram":
                 trace.record_engram(path, rows, positions, *f)
+            elif kind == "lens":
+                trace.record_lens(path, rows, positions, *f, self.lens_readout)
             else:
                 topk = f[0] if topk_width is None else f[0][..., :topk_width(path)]
                 trace.record_attention(path, rows, positions, topk, *f[1:])

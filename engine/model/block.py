@@ -41,6 +41,9 @@ class Block(nn.Module):
         pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
                                    getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps,
                                    self.sinkhorn)
+        pinned = ctx.interventions.mhc_identity(self.role.layer, ctx.positions)      # [B, S] or None
+        if pinned is not None:  # intervention: the residual mixing matrix is the identity there (pre, post kept)
+            comb = torch.where(pinned[..., None, None], torch.eye(self.hc, dtype=comb.dtype, device=comb.device), comb)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             row_err, col_err = stochastic_error(comb)
@@ -63,8 +66,9 @@ class Block(nn.Module):
         """The MoE on the normed collapse xn [B, S, dim] → [B, S, dim], its routing recorded in the trace."""
         if self.ffn.hash_routed:  # V4: the token ids pick the experts
             f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, ctx.tokens)
-        else:
-            f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask)
+        else:  # steer: the banned and forced experts of interventions at this layer (None: none)
+            steer = ctx.interventions.expert_steer(self.role.layer, ctx.positions, self.ffn.n_experts)
+            f, (weights, ids, scores) = self.ffn(xn, ctx.image_mask, steer=steer)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
             ctx.trace.record_moe(f"{self.path}.ffn", rows, pos, ids, weights, scores, ctx.image_mask)

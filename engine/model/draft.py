@@ -12,6 +12,7 @@ from torch import nn
 from ..spec.roles import family_roles
 from .attention import Attention
 from .block import Block
+from .interventions import NONE, Interventions
 from .linear import Linear
 from .mhc import HCHead, collapse
 from .norm import RMSNorm, upcast
@@ -66,6 +67,8 @@ class DraftContext:
     image_mask: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)
     static: bool = False            # CUDA-graph draft body: static shapes, no host reads (engine.graphs)
+    interventions: Interventions = NONE   # what-if changes; the drafter reads drop-stage (backbone ones reach it
+                                          # through the target's taps)
 
     def cached(self, key, make):
         if key not in self.memo:
@@ -160,6 +163,12 @@ def draft_hidden(model, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
     x = model.embed(ids).unsqueeze(2).repeat(1, 1, a.hc_mult, 1)             # [B, γ, hc, dim]
     pre = torch.zeros(B, S, a.hc_mult, dtype=upcast(x).dtype, device=x.device)
     pre[..., 0] = 1.0                                                        # the drafter restarts from one-hot
-    for stage in model.mtp:
-        x, pre = stage(x, pre, ctx)
+    for s, stage in enumerate(model.mtp):
+        dropped = ctx.interventions.stage_dropped(s, ctx.positions)        # [B, γ] or None
+        if dropped is None:
+            x, pre = stage(x, pre, ctx)
+        elif not bool(dropped.all()):  # intervention: where the stage is dropped, its input passes through
+            out, out_pre = stage(x, pre, ctx)
+            x, pre = torch.where(dropped[..., None, None], x, out), torch.where(dropped[..., None], pre, out_pre)
+        # dropped at every position of the block: the stage does not run (and records nothing)
     return model.mtp[-1].hc_head(x) if family_roles(a).hc_head else collapse(x, pre)

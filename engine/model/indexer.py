@@ -84,15 +84,24 @@ class Indexer(nn.Module):
             if role.candidate_source:
                 masks.append(select_candidate_blocks(scores, vis, self.top_blocks, self.block))
             elif role.uses_candidates:
-                if ctx.candidates is None:
-                    raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
-                scores = scores.masked_fill(~ctx.candidates[:, sl], float("-inf"))
+                scores = self.filter_candidates(scores, ctx, sl)
             idx = stable_topk(scores, k).sort(-1).values
             # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
             picks.append(torch.where(idx < vis.unsqueeze(-1), idx, -1))
         if role.candidate_source:
             ctx.candidates = torch.cat(masks, 1)
         return torch.cat(picks, 1)
+
+    def filter_candidates(self, scores: torch.Tensor, ctx: ForwardContext, sl: slice = slice(None)) -> torch.Tensor:
+        """Level two of the hierarchical top-k: scores [B, s, W] of the queries ctx.positions[:, sl], −inf outside
+        the candidate blocks the candidate source published for them."""
+        if ctx.candidates is None:
+            raise RuntimeError(f"{self.role.path}: candidate mask missing; its candidate source did not run")
+        keep = ctx.candidates[:, sl]                                                  # [B, s, W]
+        skipped = ctx.interventions.candidate_filter_off(ctx.positions[:, sl])      # [B, s] or None
+        if skipped is not None:  # intervention: no candidate filter there, every visible row is scored
+            keep = keep | skipped.unsqueeze(-1)
+        return scores.masked_fill(~keep, float("-inf"))
 
     def dense_scores(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """All index scores [B, S, W] (invisible rows −inf, no candidate filter), differentiable in the

@@ -31,13 +31,17 @@ class Gate(nn.Module):
         if family_roles(args).vision_bias:  # V4.1 only: image tokens select with their own bias
             self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
-        """x [N, dim] → (weights [N, k], ids [N, k], raw scores of the chosen [N, k])."""
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, steer: torch.Tensor | None = None):
+        """x [N, dim] → (weights [N, k], ids [N, k], raw scores of the chosen [N, k]). steer [N, E]: interventions
+        (engine.model.interventions), −inf bans an expert from the selection and +inf forces it in."""
         logits = F.linear(upcast(x), upcast(self.weight)) / self.temp
         scores = F.softplus(logits).sqrt()                                   # "sqrtsoftplus", fp32
         bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
-        ids = (scores + bias).topk(self.topk, dim=-1).indices                # the bias only selects
-        chosen = scores.gather(-1, ids)
+        selection = scores + bias                                            # the bias only selects
+        if steer is not None:  # intervention: banned experts cannot be chosen, forced ones always are
+            selection = selection + steer
+        ids = selection.topk(self.topk, dim=-1).indices
+        chosen = scores.gather(-1, ids)                                      # weights as for any chosen expert
         return route_weights(self, chosen), ids, chosen
 
 
@@ -93,17 +97,23 @@ class MoE(nn.Module):
                                      for _ in range(n_experts))
         self.shared_experts = Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None):
-        """x [B, S, dim], vision [B, S] (image tokens), tokens [B, S] (ids; a hash-routed MoE needs them) →
-        (y [B, S, dim], (weights, ids, scores) each [B, S, k])."""
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
+                steer: torch.Tensor | None = None):
+        """x [B, S, dim], vision [B, S] (image tokens), tokens [B, S] (ids; a hash-routed MoE needs them), steer
+        [B, S, E] (interventions' banned / forced experts, see Gate) → (y [B, S, dim], (weights, ids, scores) each
+        [B, S, k])."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])                                       # [N, dim]
         if self.hash_routed:
             if tokens is None:
                 raise InputError("a hash-routed MoE (V4's first n_hash_layers layers) needs the token ids")
+            if steer is not None:
+                raise InputError("a hash-routed MoE (V4's first n_hash_layers layers) cannot ban or force experts: "
+                                 "the token id picks them")
             weights, ids, scores = self.gate(flat, tokens.reshape(-1))
         else:
-            weights, ids, scores = self.gate(flat, None if vision is None else vision.reshape(-1))
+            weights, ids, scores = self.gate(flat, None if vision is None else vision.reshape(-1),
+                                             None if steer is None else steer.reshape(flat.size(0), -1))
         y = self.routed_experts(flat, weights, ids) + upcast(self.shared_experts(flat))
         k = ids.size(-1)
         return y.to(x.dtype).view(shape), (weights.view(*shape[:-1], k), ids.view(*shape[:-1], k),

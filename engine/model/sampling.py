@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..spec.errors import EngineError, InputError
@@ -14,6 +15,12 @@ from ..spec.errors import EngineError, InputError
 # logit ±inf, and softmax NaN), and a distribution that sharp is greedy in all but exact ties. Use 0 for greedy.
 MIN_TEMPERATURE = 1e-4
 MAX_SEED = 2**63 - 1  # the largest seed: torch.Generator.manual_seed takes 64 bits, and seeds stay valid int64
+# Decoding options against degenerate greedy text (runs of whitespace, a line repeated), off in the engine: the app's
+# defaults and the model card's "with options" rows. Chosen by measurement on the shipped model (scripts/decoding_sweep.py,
+# README "The default model"): a penalty of 1.2 ends the whitespace runs and the repeated lines and keeps the most words
+# of the training text; a no-repeat n-gram size adds nothing there and blocks a speaker's heading from coming back.
+SUGGESTED_REPETITION_PENALTY = 1.2
+SUGGESTED_NO_REPEAT_NGRAM = 0
 
 
 class NonFiniteLogitsError(EngineError):
@@ -35,18 +42,82 @@ def check_sampling(temperature, top_k, top_p, names: tuple[str, str, str] = ("te
         raise InputError(f"{p_name} must lie in (0, 1] (1 = off), got {top_p!r}")
 
 
+def check_repetition(repetition_penalty, no_repeat_ngram,
+                     names: tuple[str, str] = ("repetition_penalty", "no_repeat_ngram")) -> None:
+    """The rule of the two history-based settings (the engine API and the CLI flags); names label them in messages."""
+    r_name, n_name = names
+    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, numbers.Real) \
+            or not math.isfinite(repetition_penalty) or repetition_penalty <= 0:
+        raise InputError(f"{r_name} must be a finite number > 0 (1 = off; above 1 discourages tokens already in the "
+                         f"text), got {repetition_penalty!r}")
+    if isinstance(no_repeat_ngram, bool) or not isinstance(no_repeat_ngram, int) or no_repeat_ngram < 0:
+        raise InputError(f"{n_name} must be a non-negative integer (0 = off; n bans a token that would repeat an "
+                         f"n-gram of the text), got {no_repeat_ngram!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0   # 0 = greedy (argmax); else at least MIN_TEMPERATURE
     top_k: int = 0             # 0 = no top-k cut
     top_p: float = 1.0         # 1 = no nucleus cut
+    repetition_penalty: float = 1.0  # 1 = off; CTRL-style on every token already in the row's history
+    no_repeat_ngram: int = 0         # 0 = off; n: a token that would complete an n-gram of the history is banned
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p)
+        check_repetition(self.repetition_penalty, self.no_repeat_ngram)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether the choice depends on the tokens before the position (then apply_history_rules first)."""
+        return self.repetition_penalty != 1 or self.no_repeat_ngram > 0
+
+
+def apply_history_rules(logits: torch.Tensor, histories: Sequence[Sequence[int]],
+                        params: SamplingParams) -> torch.Tensor:
+    """Logits [R, V] after the rules that look at each row's history (its prompt and every token before the
+    position being chosen; histories[r] for row r): first the repetition penalty, then the no-repeat n-gram ban.
+    The same tensor when both are off. Applied before temperature, top-k and top-p, to greedy and sampled
+    decoding alike.
+
+    Repetition penalty ρ (Keskar et al. 2019, CTRL): the logit l of every token that occurs in the history becomes
+    l / ρ when positive and l · ρ otherwise, so ρ > 1 lowers it either way. No-repeat n-gram size n: a token t
+    gets −inf when history[-(n-1):] + [t] already occurs in the history. When the ban would leave a row no token
+    at all (a tiny vocabulary), that row is left unbanned."""
+    if not params.uses_history:
+        return logits
+    if len(histories) != logits.shape[0]:
+        raise InputError(f"apply_history_rules: {logits.shape[0]} rows of logits but {len(histories)} histories")
+    out = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    rho = params.repetition_penalty
+    if rho != 1:
+        seen = torch.zeros(out.shape, dtype=torch.bool, device=out.device)  # [R, V]
+        for row, history in enumerate(histories):
+            if len(history):
+                seen[row, torch.as_tensor(list(history), dtype=torch.long, device=out.device)] = True
+        out = torch.where(seen, torch.where(out > 0, out / rho, out * rho), out)
+    if params.no_repeat_ngram:
+        for row, history in enumerate(histories):
+            banned = np.unique(repeated_ngram_ends(history, params.no_repeat_ngram))
+            if 0 < banned.size < out.shape[-1]:
+                out[row, torch.from_numpy(banned).to(out.device)] = float("-inf")
+    return out
+
+
+def repeated_ngram_ends(history: Sequence[int], n: int) -> np.ndarray:
+    """The tokens t (with repeats) for which history[-(n-1):] + [t] is an n-gram already in the history."""
+    h = np.asarray(history, dtype=np.int64)
+    if n < 1 or h.size < n:
+        return np.zeros(0, np.int64)
+    if n == 1:
+        return h
+    grams = np.lib.stride_tricks.sliding_window_view(h, n)                 # [L − n + 1, n]
+    hit = (grams[:, :-1] == h[h.size - n + 1:]).all(axis=1)                # their first n − 1 equal the last n − 1
+    return grams[hit, -1]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

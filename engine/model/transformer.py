@@ -17,10 +17,11 @@ from .cache import ModelCache
 from .context import ForwardContext
 from .draft import DraftStage, MTPStage
 from .engram import DEAD, NgramRows
+from .interventions import Interventions
 from .linear import Linear
 from .mhc import HCHead, collapse
 from .moe import MoE
-from .norm import RMSNorm
+from .norm import RMSNorm, upcast
 from .options import EngineOptions
 
 
@@ -104,7 +105,7 @@ class Transformer(HCHead):
     # ---- forward ----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows=None, trace=None,
                 logits: str = "last", image_mask: torch.Tensor | None = None,
-                indexer_loss=None) -> ForwardOutput:
+                indexer_loss=None, interventions=None) -> ForwardOutput:
         """tokens [B, S] → ForwardOutput: logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a
         float64 model), and taps, main_hidden [B, S, n_taps·dim] (mean over streams of the residual entering
         each DSpark target layer; None without DSpark).
@@ -112,7 +113,8 @@ class Transformer(HCHead):
         Row b occupies positions cache.pos[rows[b]] .. + S − 1 and the cache advances by S. cache=None runs
         a stateless forward from position 0. With bounded_replay and S > window, "all" logits and taps
         cover only the last window positions. indexer_loss: an IndexerLoss that collects the indexer's
-        auxiliary loss (training; the outputs do not change).
+        auxiliary loss (training; the outputs do not change). interventions: what-if changes (an Interventions,
+        or Intervention items / texts checked against the config; engine.spec.interventions), at absolute positions.
         """
         tokens = self.check_tokens(tokens)
         if logits not in ("last", "all"):
@@ -136,7 +138,8 @@ class Transformer(HCHead):
         dev = self.device
         ctx = ForwardContext(cache=cache, rows=row_ids, start=start, n_tokens=S, positions=positions.to(dev),
                              options=self.options, image_mask=None if image_mask is None else image_mask.to(dev),
-                             trace=trace, indexer_loss=indexer_loss)
+                             trace=trace, indexer_loss=indexer_loss,
+                             interventions=Interventions.of(interventions, self.args))
         engram = self.engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
         out = self.run_layers(tokens.to(dev), ctx, engram, logits)
         cache.advance(row_ids, S)
@@ -158,6 +161,8 @@ class Transformer(HCHead):
         pre[..., 0] = 1.0                                                      # layer 0 collapses stream 0
         replay_from = max(a.kv_source_layers) + 1 if self.options.bounded_replay and S > a.window_size else None
         taps = []
+        lens = self.records_lens(ctx.trace)
+        x = None   # the last layer's read-out, when the lens made it
         for i, layer in enumerate(self.layers):
             if i == replay_from:  # spec §5: later layers only over the last window tokens (approximate)
                 W = a.window_size
@@ -168,11 +173,43 @@ class Transformer(HCHead):
                 h = self._apply_engram(layer, h, engram, ctx)
             if i in self.tapped:
                 taps.append(h.mean(2))
+            h_in = h
             h, pre = layer(h, pre, ctx)
-        x = self.norm(self.hc_head(h) if self.family.hc_head else collapse(h, pre))
+            x = self.record_lens(layer.path, h_in, h, pre, ctx) if lens and ctx.trace.wants_lens(layer.path) else None
+        x = self.readout(h, pre) if x is None else x   # the lens's last read-out is the logits' input itself
         if logits == "last":
             x = x[:, -1]
         return ForwardOutput(self.vocab_logits(x), torch.cat(taps, -1) if taps else None)
+
+    def readout(self, h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """hc streams h [B, S, hc, dim] → the final norm's output [B, S, dim], the head's input: V4.1 collapses
+        with `pre`, the last site's pre, which the next consumer of h would collapse with (the next layer's
+        attention, or this read-out); V4 with its learned hc_head (spec §4.1, §4.6)."""
+        return self.norm(self.hc_head(h) if self.family.hc_head else collapse(h, pre))
+
+    # ---- logit lens -------------------------------------------------------------------------------
+    def records_lens(self, trace) -> bool:
+        """Whether this forward may record the logit lens (at each layer where trace.wants_lens): with a trace that
+        takes it (a stand-in without wants_lens does not), and a head that is this process's own. Under
+        torch.distributed the vocabulary-parallel head gathers across ranks, a collective that the rank reading
+        its trace would run alone: there the lens is not recorded."""
+        return hasattr(trace, "wants_lens") and getattr(self, "world", None) is None
+
+    def record_lens(self, path: str, h_in: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, ctx) -> torch.Tensor:
+        """Record a layer's logit lens (its output streams h read out as the model reads out its last layer) and
+        the RMS of its input and output streams h_in, h [B, S, hc, dim]; returns the read-out [B, S, dim]."""
+        x = self.readout(h, pre)
+        scale = h.size(-1) ** -0.5
+        rms_in = torch.linalg.vector_norm(upcast(h_in), dim=-1) * scale                   # [B, S, hc]
+        rms_out = torch.linalg.vector_norm(upcast(h), dim=-1) * scale
+        rows, pos = ctx.trace_rows()
+        ctx.trace.record_lens(path, rows, pos, x, rms_in, rms_out, self.lens_logits)
+        return x
+
+    def lens_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Recorded read-outs [N, dim] (on the host) → logits [N, V] (fp32): the head the trace resolves the
+        logit lens with."""
+        return self.vocab_logits(x.to(self.device))
 
     def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Normed hidden [..., dim] → logits [..., V] in fp32 (float64 for a float64 model). One method, so the
@@ -211,6 +248,9 @@ class Transformer(HCHead):
     def _apply_engram(self, layer, h, engram, ctx):
         row_ids, comp = engram
         live = None if ctx.image_mask is None else ~ctx.image_mask
+        off = ctx.interventions.engram_off(layer.role.layer, ctx.positions)   # [B, S] or None
+        if off is not None:  # intervention: Engram adds nothing there (its gate is 0, and recorded as 0)
+            live = ~off if live is None else live & ~off
         ids = row_ids[:, :, layer.engram.slot]                                 # [B, S, cols]
         h, gates = layer.engram(h, ids, live)
         if ctx.trace is not None:

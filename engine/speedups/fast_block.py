@@ -7,7 +7,7 @@ from ..model.block import Block
 from ..model.draft import DraftStage
 from ..model.norm import upcast
 from .casts import cast
-from .fast_mhc import collapse, expand, record_seam, seam_mixes
+from .fast_mhc import collapse, expand, pin_identity, record_seam, seam_mixes
 
 
 class FastBlock(Block):
@@ -20,12 +20,12 @@ class FastBlock(Block):
         if torch.is_grad_enabled() and (x.requires_grad or self.hc_attn_fn.requires_grad):
             return super().forward(x, pre_in, ctx)
         dtype, xf = x.dtype, upcast(x)                                        # [B, S, hc, D]
-        a = seam_mixes(self, xf, "attn")
+        a = pin_identity(self, ctx, seam_mixes(self, xf, "attn"))           # interventions: comb = I there
         if ctx.trace is not None:
             record_seam(self, ctx, "attn", a)
         f = self.attn(self.attn_norm(collapse(xf, pre_in if self.single_pass else a.pre, dtype)), ctx)
         xf = upcast(cast(expand(f, xf, a), dtype))                            # stored in the activation dtype
-        s = seam_mixes(self, xf, "ffn")
+        s = pin_identity(self, ctx, seam_mixes(self, xf, "ffn"))
         if ctx.trace is not None:
             record_seam(self, ctx, "ffn", s)
         f = self.moe(self.ffn_norm(collapse(xf, a.pre if self.single_pass else s.pre, dtype)), ctx)

@@ -13,10 +13,10 @@ class FastGate(Gate):
     """Gate.forward, equal to it bit for bit: x / 1 is x, and a bf16 weight's fp32 copy is made once (rebuilt when
     the weight changes) instead of on every call. With autograd on, the reference code runs."""
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, steer: torch.Tensor | None = None):
         w = self.weight
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-            return super().forward(x, vision)
+            return super().forward(x, vision, steer)
         if w.dtype not in (torch.float32, torch.float64):
             w = derived(self).get("weight", (w,), w.float)
         logits = F.linear(upcast(x), w)
@@ -24,6 +24,9 @@ class FastGate(Gate):
             logits = logits / self.temp
         scores = F.softplus(logits).sqrt()                                   # "sqrtsoftplus", fp32
         bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
-        ids = (scores + bias).topk(self.topk, dim=-1).indices                # the bias only selects
+        selection = scores + bias                                            # the bias only selects
+        if steer is not None:  # intervention: banned experts cannot be chosen, forced ones always are
+            selection = selection + steer
+        ids = selection.topk(self.topk, dim=-1).indices
         chosen = scores.gather(-1, ids)
         return route_weights(self, chosen), ids, chosen

@@ -42,9 +42,7 @@ class FastIndexer(Indexer):
         if role.candidate_source:
             ctx.candidates = select_candidate_blocks(scores, visible, self.top_blocks, self.block)
         elif role.uses_candidates:
-            if ctx.candidates is None:
-                raise RuntimeError(f"{role.path}: candidate mask missing; its candidate source did not run")
-            scores = scores.masked_fill(~ctx.candidates, float("-inf"))
+            scores = self.filter_candidates(scores, ctx)
         idx = stable_topk(scores, self.topk).sort(-1).values
         # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
         return torch.where(idx < visible.unsqueeze(-1), idx, -1)

@@ -83,6 +83,17 @@ def _sigmoid(v: float) -> float:
     return e / (1.0 + e)
 
 
+def pin_identity(block, ctx, seam: Seam) -> Seam:
+    """The seam with comb = I where an mhc-identity intervention names the block's layer (as
+    engine.model.block.Block.mixes pins it; pre and post kept); the seam itself when none does."""
+    pinned = ctx.interventions.mhc_identity(block.role.layer, ctx.positions)     # [B, S] or None
+    if pinned is None:
+        return seam
+    eye = torch.eye(seam.pre.size(-1), dtype=seam.mix.dtype, device=seam.mix.device)   # Iᵀ = I
+    comb_t = torch.where(pinned[..., None, None], eye, seam.mix[..., :-1])        # [B, S, hc, hc]
+    return Seam(seam.pre, torch.cat([comb_t, seam.mix[..., -1:]], -1))
+
+
 def record_seam(block, ctx, site: str, seam: Seam) -> None:
     """The trace call of engine.model.block.Block.mixes, with this seam's tensors."""
     rows, pos = ctx.trace_rows()

@@ -46,16 +46,17 @@ class FastMoE(MoE):
         moe.__class__ = cls
         return moe
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
+                steer: torch.Tensor | None = None):
         N = x.numel() // x.size(-1)
         if (not self.gathers(N) or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
-                or not self._shared_stacks_with_routed()):
-            return super().forward(x, vision, tokens)
+                or not self._shared_stacks_with_routed() or (steer is not None and self.hash_routed)):
+            return super().forward(x, vision, tokens, steer)
         # the router takes any leading shape: weights, ids and scores come out [B, S, k] as MoE.forward returns them
         if self.hash_routed:
             weights, ids, scores = self.gate(x, tokens)
         else:
-            weights, ids, scores = self.gate(x, vision)
+            weights, ids, scores = self.gate(x, vision, steer)   # steer: interventions' banned / forced experts
         # the shared expert is expert E of the stack, chosen by every token with weight 1 (h · 1 = h exactly)
         pick = F.pad(ids, (0, 1), value=self.n_experts).view(-1)                      # [N·(k + 1)], token-major
         used = pick.tolist() if N == 1 and x.device.type == "cpu" and not sync_free_active() else None

@@ -34,7 +34,9 @@ class KernelBlock(Block):
             ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
 
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx):
-        if _reference_needed(x, self.hc_attn_fn) or not self.single_pass:  # the seams carry V4.1's shifted pre
+        # the seams carry V4.1's shifted pre; an mhc-identity intervention here takes the reference, which pins comb
+        if (_reference_needed(x, self.hc_attn_fn) or not self.single_pass
+                or ctx.interventions.names("mhc-identity", self.role.layer)):
             return super().forward(x, pre_in, ctx)
         _, a_pre, a_post, a_comb, c = launch.mhc_seam(x, carry=pre_in, **self._site("attn"))
         self._record(ctx, "attn", a_pre, a_post, a_comb)
@@ -54,9 +56,9 @@ class KernelDraftStage(DraftStage, KernelBlock):
 class KernelGate(Gate):
     """The router in one launch: scores, selection bias, top-k, renormalisation and scale."""
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None):
-        if _reference_needed(x, self.weight):
-            return super().forward(x, vision)
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, steer: torch.Tensor | None = None):
+        if steer is not None or _reference_needed(x, self.weight):  # interventions take the PyTorch router
+            return super().forward(x, vision, steer)
         return launch.route(x, self.weight, self.bias, topk=self.topk, temp=self.temp, route_scale=self.route_scale,
                             normalize=self.norm_topk, bias_vl=None if vision is None else self.bias_vl, vision=vision)
 

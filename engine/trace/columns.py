@@ -137,6 +137,17 @@ class FactColumns:
             if p > self.max_pos.get(row, -1):
                 self.max_pos[row] = p
 
+    def put(self, rows: np.ndarray, pos: np.ndarray, values: list[np.ndarray]) -> None:
+        """m entries made from other records (the lens's, engine.trace.lens): rows [m], pos [m] distinct pairs,
+        values [m, *tail] per field; each replaces an entry stored at the same (row, pos)."""
+        if self.n:
+            new = set(zip(rows.tolist(), pos.tolist()))
+            stored = zip(self.rows[: self.n].tolist(), self.pos[: self.n].tolist())
+            self.drop(np.fromiter((k in new for k in stored), bool, self.n))
+        self.append(rows, pos, values)
+        for row in np.unique(rows).tolist():
+            self.max_pos[row] = max(self.max_pos.get(row, -1), int(pos[rows == row].max()))
+
     def drop(self, remove: np.ndarray) -> None:
         """Forget the entries where remove [n] is True. Entries left keep their values; when the removed ones are
         the newest, the buffers are only cut back (later records reuse those slots)."""

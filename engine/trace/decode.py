@@ -17,7 +17,7 @@ from .tables import TABLES, VALUES, TraceFormatError, column_names
 # Float fields that may hold a non-finite value (all others must be finite): a prompt token has no step time, a
 # DSpark step may lack its time, and a top-k logit is -inf where the distribution masked a token.
 NONFINITE_ALLOWED = {("tokens", "step_time_s"): "nan", ("dspark", "time_s"): "nan", ("tokens", "top_logits"): "-inf",
-                     ("tokens", "logprob"): "nan"}
+                     ("tokens", "logprob"): "nan", ("lens", "next_prob"): "nan"}
 # Integer columns that count or index something, so never negative.
 NON_NEGATIVE = {"row", "pos", "slot", "token_id", "expert", "anchor_pos", "anchor_token", "verify_len", "accepted",
                 "next_token"}
@@ -51,6 +51,8 @@ def decode_tables(tables: Any, header: Any) -> TraceContents:
         raise TraceFormatError(f"the trace tables are {json_type(tables)}, not an object of tables")
     contents = TraceContents(layout.budget, layout.meta, layout.omitted, [], [], [])
     for name in TABLES:
+        if name in layout.absent and not tables.get(name):   # an older trace, written before this table
+            continue
         if name not in tables:
             raise TraceFormatError(f"table '{name}' is missing")
         try:

@@ -9,11 +9,22 @@ from typing import Any
 from ..spec.errors import InputError
 from .limits import MAX_CELLS, MAX_COLUMNS, MAX_ROWS
 from .records import FACT_KINDS, TraceBudget
-from .tables import FORMAT, KEYS, OPTIONAL_FIELDS, TABLES, VALUES, VERSION, TraceFormatError, column_names
+from .tables import (
+    FORMAT,
+    KEYS,
+    OPTIONAL_FIELDS,
+    OPTIONAL_TABLES,
+    TABLES,
+    VALUES,
+    VERSION,
+    TraceFormatError,
+    column_names,
+)
 
 MAX_FIELD_DIMS = 4  # the recorded fields have at most 2 dimensions (mHC's comb is [hc, hc])
 MAX_META_DEPTH = 4  # generation settings are flat; deeper nesting would only burden whoever prints the meta
-BUDGET_KEYS = ("max_tokens", "layers", "attention", "top_k_logits")
+BUDGET_KEYS = ("max_tokens", "layers", "attention", "top_k_logits", "lens")
+OPTIONAL_BUDGET_KEYS = {"lens": False}  # budget keys added after traces were first written, with their old value
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,7 @@ class Layout:
     n_rows: dict[str, int]
     fields: dict[str, dict[str, tuple[tuple[int, ...], bool]]]
     columns: dict[str, dict[str, str]]
+    absent: tuple[str, ...] = ()   # optional tables an older trace does not have (read as empty)
 
 
 def check_header(header: Any) -> Layout:
@@ -49,10 +61,13 @@ def check_header(header: Any) -> Layout:
             raise TraceFormatError(f"header 'omitted' must map fact kinds ({', '.join(FACT_KINDS)}) to "
                                    f"non-negative integers, got {kind!r:.40}: {count!r:.40}")
     schema, n_rows = _entry(header, "schema", dict), _entry(header, "n_rows", dict)
-    _same_keys("header 'schema'", schema, TABLES)
-    _same_keys("header 'n_rows'", n_rows, TABLES)
-    fields, columns = {}, {}
-    for table in TABLES:
+    absent = [t for t in OPTIONAL_TABLES if t not in schema and t not in n_rows]  # an older trace's
+    present = tuple(t for t in TABLES if t not in absent)
+    _same_keys("header 'schema'", schema, present)
+    _same_keys("header 'n_rows'", n_rows, present)
+    fields, columns = {t: {} for t in absent}, {t: {} for t in absent}
+    n_rows = {**dict.fromkeys(absent, 0), **n_rows}
+    for table in present:
         fields[table], columns[table] = _table_layout(table, schema)
         if not _count(n_rows[table]):
             raise TraceFormatError(f"header 'n_rows' of table '{table}' must be a non-negative integer, "
@@ -64,7 +79,7 @@ def check_header(header: Any) -> Layout:
     if cells > MAX_CELLS:
         raise TraceFormatError(f"the header declares {cells:,} table cells (rows x columns); a trace may hold at "
                                f"most {MAX_CELLS:,}")
-    return Layout(budget, meta, dict(omitted), {t: n_rows[t] for t in TABLES}, fields, columns)
+    return Layout(budget, meta, dict(omitted), {t: n_rows[t] for t in TABLES}, fields, columns, tuple(absent))
 
 
 def json_type(value: Any) -> str:
@@ -97,13 +112,16 @@ def _same_keys(where: str, d: dict, expected) -> None:
 
 
 def _budget(d: dict) -> TraceBudget:
+    d = {**OPTIONAL_BUDGET_KEYS, **d}
     _same_keys("header 'budget'", d, BUDGET_KEYS)
-    max_tokens, layers, attention, top_k = (d[k] for k in BUDGET_KEYS)
+    max_tokens, layers, attention, top_k, lens = (d[k] for k in BUDGET_KEYS)
     if max_tokens is not None and not _count(max_tokens):
         raise TraceFormatError("header budget 'max_tokens' must be a non-negative integer or null, "
                                f"got {max_tokens!r:.40}")
     if not _count(top_k):
         raise TraceFormatError(f"header budget 'top_k_logits' must be a non-negative integer, got {top_k!r:.40}")
+    if not isinstance(lens, bool):
+        raise TraceFormatError(f"header budget 'lens' must be true/false, got {json_type(lens)}")
     for name, value in (("layers", layers), ("attention", attention)):
         allowed = value is None if name == "layers" else isinstance(value, bool)
         if not allowed and not (isinstance(value, list) and all(type(x) in (int, str) for x in value)):
@@ -112,7 +130,7 @@ def _budget(d: dict) -> TraceBudget:
     try:
         return TraceBudget(max_tokens=max_tokens, layers=layers,
                            attention=attention if isinstance(attention, bool) else frozenset(attention),
-                           top_k_logits=top_k)
+                           top_k_logits=top_k, lens=lens)
     except InputError as e:
         raise TraceFormatError(f"header 'budget': {e}") from None
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 #   10.9 MiB (header 36 KB); 88,555 table rows and 2.03 M cells in all (moe and mhc 33,012 rows each, attention
 #   39 columns); the JSON has 2.03 M values, 122 k strings and 243 brackets; loading took 0.4-1.4 s and
 #   100-220 MB of peak RSS (67 MB of it the imports).
+# The logit lens (recorded by the app since issue 20) adds a table of 16,384 rows x 24 columns at the design point:
+# 104,448 rows and 2.40 M cells in all; JSON 30.0 MiB, Parquet zip 8.2 MiB (8 members), safetensors 12.9 MiB; loading
+# took 0.8-1.6 s (tests/test_bad_traces.py::design_point_trace, random values). MAX_CELLS rose from 4 Mi to 5 Mi cells
+# for it (the JSON value count with it: about 5 s and 450 MB to load the worst JSON the counts admit, scaled from
+# the 4 s and 370 MB below; a bare json.loads of 6.3 M values measured 2.7 s and 300 MB).
 # Each limit is about twice that, four times what the app and CLI reach (tests/test_bad_traces.py::
 # test_limits_admit_the_design_point rebuilds the design point and checks it loads with a margin). A file at the
 # limits still loads in a few seconds and a few hundred MB (worst measured: 3.4 s and 290 MB for a 15 MiB Parquet
@@ -24,7 +29,7 @@ MAX_FILE_BYTES = {"json": 48 * MiB, "parquet": 16 * MiB, "safetensors": 24 * MiB
 # The trace header (trace.json inside the zip; the safetensors header with its metadata).
 MAX_HEADER_BYTES = 4 * MiB
 
-# Parquet zip: members (7 written), the sum of the members' declared uncompressed sizes, read from the central
+# Parquet zip: members (8 written), the sum of the members' declared uncompressed sizes, read from the central
 # directory before extracting; the compression ratio of any member over RATIO_FLOOR_BYTES (the writer stores
 # members uncompressed, ratio 1; deflate on tables gives < 10, a deflate bomb ~1000); only stored or deflated members.
 MAX_ZIP_MEMBERS = 16
@@ -37,7 +42,7 @@ RATIO_FLOOR_BYTES = 64 * 1024
 # columns) over all tables, and declared decoded bytes (Parquet column chunks uncompressed; safetensors tensors).
 MAX_ROWS = 262_144
 MAX_COLUMNS = 1_024
-MAX_CELLS = 4 * MiB
+MAX_CELLS = 5 * MiB
 MAX_DECODED_BYTES = 32 * MiB
 
 # JSON, counted on the raw bytes before parsing (commas, quotes and brackets bound what the parser builds):

@@ -24,7 +24,7 @@ from .limits import (
     RATIO_FLOOR_BYTES,
     MiB,
 )
-from .tables import TABLES, TraceFormatError
+from .tables import OPTIONAL_TABLES, TABLES, TraceFormatError
 
 HEADER_NAME = "trace.json"
 MEMBERS = (HEADER_NAME, *(f"{name}.parquet" for name in TABLES))
@@ -57,7 +57,7 @@ def read_parquet_zip(data: bytes) -> tuple[dict[str, dict[str, np.ndarray]], Any
     with z:
         infos = _check_members(z.infolist())
         header_bytes = _read_member(z, infos[HEADER_NAME])
-        members = {name: _read_member(z, infos[f"{name}.parquet"]) for name in TABLES}
+        members = {name: _read_member(z, infos[f"{name}.parquet"]) for name in TABLES if f"{name}.parquet" in infos}
     try:
         header = json.loads(header_bytes.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -103,7 +103,8 @@ def _check_members(infos: list[zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
                                    f"{MAX_ZIP_RATIO} (a zip bomb?)")
     if HEADER_NAME not in by_name:
         raise TraceFormatError(f"zip has no {HEADER_NAME}, so it is not a v41viz trace")
-    missing = [m for m in MEMBERS if m not in by_name]
+    optional = {f"{name}.parquet" for name in OPTIONAL_TABLES}   # an older trace lacks them
+    missing = [m for m in MEMBERS if m not in by_name and m not in optional]
     if missing:
         raise TraceFormatError(f"zip lacks {', '.join(missing)}")
     extra = [m[:60] for m in by_name if m not in MEMBERS]

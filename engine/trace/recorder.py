@@ -8,7 +8,7 @@ import numpy as np
 from ..spec.errors import InputError
 from .arrays import StagedCopy, host_int64, host_view
 from .columns import FactColumns
-from .records import FACT_DTYPES, FACT_FIELDS, MHC_SITES, TraceBudget, layer_path, path_order
+from .records import MHC_SITES, PENDING_KIND_OF, RECORDED_DTYPES, RECORDED_FIELDS, TraceBudget, layer_path, path_order
 from .slots import CallTokens, TokenSlots
 
 NO_VISION = np.zeros((1, 1), bool)  # the vision mask of a one-token call without one (the columns copy it)
@@ -27,6 +27,7 @@ class FactRecorder:
         self._slots = TokenSlots(self.budget.max_tokens)
         self._pending: list[tuple] = []   # GPU records whose host copy may still be in flight (see _flush)
         self._last_call: tuple | None = None   # the last record call's tensors, their bytes and its CallTokens
+        self._lens_readout = None   # the recording model's read-out of the lens (see record_lens), until resolved
 
     # ---- what the model calls -------------------------------------------------------------
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
@@ -62,6 +63,23 @@ class FactRecorder:
                 not self._skipped("attention", path, positions):
             self._record("attention", path, "", rows, positions, values)
 
+    def wants_lens(self, path: str) -> bool:
+        """Whether the logit lens of a backbone layer ('layers.3') is recorded (budget.lens and its layers)."""
+        return self.budget.lens and self.budget.keeps_layer(path)
+
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout) -> None:
+        """The logit lens of one layer: hidden [B, S, dim], the layer's output streams read out the way the model
+        reads out its last layer (collapse, final norm); rms_in, rms_out [B, S, hc], each hc stream's RMS entering
+        and leaving the layer. readout(hidden [N, dim]) -> logits [N, V]: the model's head. The hidden states are
+        kept until the trace is read; then one batched head matmul turns them into the "lens" records (top-k,
+        the next token's rank and probability) and they are dropped (engine.trace.lens)."""
+        if not self.wants_lens(path):
+            return
+        self._lens_readout = readout
+        values = (hidden, rms_in, rms_out)
+        if not self._fast(("lens_hidden", path, ""), rows, positions, values):
+            self._record("lens_hidden", path, "", rows, positions, values)
+
     def _fast(self, key: tuple[str, str, str], rows, positions, values: tuple) -> bool:
         """The decode fast path: a one-token call with the rows and positions tensors of the call before it (the
         layers of one forward), every layer kept and nothing staged, into columns that exist: copied in and True.
@@ -81,10 +99,10 @@ class FactRecorder:
 
     def fact(self, kind: str, path: str, row: int, pos: int, site: str = "") -> dict[str, np.ndarray] | None:
         """One record as {field: array}, or None when it was not recorded."""
-        self._flush()
+        self._settle()
         columns = self._columns.get((kind, path, site))
         i = None if columns is None else columns.find(row, pos)
-        return None if i is None else dict(zip(FACT_FIELDS[kind], columns.entry(i)))
+        return None if i is None else dict(zip(RECORDED_FIELDS[kind], columns.entry(i)))
 
     def facts(self, kind: str):
         """Every record of a kind, ordered by (path depth, site, row, pos): (path, site, row, pos, fields)."""
@@ -107,7 +125,7 @@ class FactRecorder:
         """Every recorded value of one field of a (kind, path, site), flattened (the budget's kept tokens)."""
         columns = dict(self._filled()).get((kind, path, site))
         if columns is None:
-            return np.zeros(0, FACT_DTYPES[kind][field])
+            return np.zeros(0, RECORDED_DTYPES[kind][field])
         column = columns.fields[field]
         if column.shapes is None:
             return column.buf[: columns.n].reshape(-1).copy()
@@ -174,7 +192,7 @@ class FactRecorder:
                 self._check_fields(kind, path, bs, arrays)
         call = call or self._admit(kind, path, rows, positions)
         if call.refused:
-            self.omitted[kind] += call.refused
+            self.omitted[PENDING_KIND_OF.get(kind, kind)] += call.refused
         if self._pending:
             self._flush()
         (self._columns.get((kind, path, site)) or self._columns_for(kind, path, site)).record(call, arrays)
@@ -183,8 +201,8 @@ class FactRecorder:
         self._check_fields(kind, path, tuple(positions.shape), values)
         call = call or self._admit(kind, path, rows, positions)
         if call.refused:
-            self.omitted[kind] += call.refused
-        self._pending.append((self._columns_for(kind, path, site), call, StagedCopy(values, FACT_DTYPES[kind])))
+            self.omitted[PENDING_KIND_OF.get(kind, kind)] += call.refused
+        self._pending.append((self._columns_for(kind, path, site), call, StagedCopy(values, RECORDED_DTYPES[kind])))
         if len(self._pending) >= MAX_PENDING:
             self._flush()
 
@@ -219,7 +237,7 @@ class FactRecorder:
 
     @staticmethod
     def _check_fields(kind: str, path: str, bs: tuple[int, int], values) -> None:
-        for name, v in zip(FACT_FIELDS[kind], values):
+        for name, v in zip(RECORDED_FIELDS[kind], values):
             if tuple(v.shape[:2]) != tuple(bs):
                 raise InputError(f"record_{kind}({path}): '{name}' must start with [B={bs[0]}, S={bs[1]}], "
                                  f"got {tuple(v.shape)}")
@@ -235,7 +253,7 @@ class FactRecorder:
         columns = self._columns.get((kind, path, site))
         if columns is None:
             columns = self._columns[(kind, path, site)] = FactColumns(
-                f"record_{kind}({path})", dict(zip(FACT_FIELDS[kind], FACT_DTYPES[kind])))
+                f"record_{kind}({path})", dict(zip(RECORDED_FIELDS[kind], RECORDED_DTYPES[kind])))
         return columns
 
     def _sorted(self, kind: str) -> list[tuple[tuple[str, str, str], FactColumns]]:
@@ -243,7 +261,11 @@ class FactRecorder:
         keys = [(k, c) for k, c in self._filled() if k[0] == kind]
         return sorted(keys, key=lambda kc: (path_order(kc[0][1]), kc[0][2]))
 
+    def _settle(self) -> None:
+        """Before a read: write the GPU records in flight (the Trace also resolves its pending lens records)."""
+        self._flush()
+
     def _filled(self) -> list[tuple[tuple[str, str, str], FactColumns]]:
         """((kind, path, site), columns) of every key that holds records."""
-        self._flush()
+        self._settle()
         return [(key, columns) for key, columns in self._columns.items() if columns.n]

@@ -15,6 +15,7 @@ FACT_FIELDS: dict[str, tuple[str, ...]] = {
     "mhc": ("pre", "post", "comb", "row_err", "col_err"),
     "engram": ("compressed_ids", "row_ids", "gates"),
     "attention": ("topk", "window_mass", "compressed_mass", "sink_mass"),
+    "lens": ("top_ids", "top_probs", "next_id", "next_rank", "next_prob", "rms_in", "rms_out"),
 }
 # What each field is stored as (model tensors of other dtypes are converted exactly: bf16 -> fp32, int32 -> int64).
 FACT_DTYPES: dict[str, tuple[str, ...]] = {
@@ -22,8 +23,16 @@ FACT_DTYPES: dict[str, tuple[str, ...]] = {
     "mhc": ("float32",) * 5,
     "engram": ("int64", "int64", "float32"),
     "attention": ("int64", "float32", "float32", "float32"),
+    "lens": ("int64", "float32", "int64", "int64", "float32", "float32", "float32"),
 }
 FACT_KINDS = tuple(FACT_FIELDS)
+# Kinds the model records that the trace turns into another kind when it is read (engine.trace.lens): the logit
+# lens's normed read-out per layer and token becomes its top-k (one batched head matmul for the whole run).
+PENDING_FIELDS: dict[str, tuple[str, ...]] = {"lens_hidden": ("hidden", "rms_in", "rms_out")}
+PENDING_DTYPES: dict[str, tuple[str, ...]] = {"lens_hidden": ("float32",) * 3}
+PENDING_KIND_OF = {"lens_hidden": "lens"}   # the kind a pending kind becomes (and counts its omitted tokens as)
+RECORDED_FIELDS = {**FACT_FIELDS, **PENDING_FIELDS}
+RECORDED_DTYPES = {**FACT_DTYPES, **PENDING_DTYPES}
 MHC_SITES = ("attn", "ffn")
 
 
@@ -34,12 +43,14 @@ class TraceBudget:
     max_tokens: distinct (row, position) token slots that get per-layer facts (first come, first kept;
     rollback frees slots). None = unbounded. layers: None = every layer, else the dotted paths (or backbone
     layer numbers) to keep. attention: False, True (every layer) or a set of paths. top_k_logits: per
-    generated token, how many of the highest logits to keep.
+    generated token, how many of the highest logits to keep (and per layer of the logit lens). lens: record the
+    logit lens and the residual-stream RMS per kept layer and token (engine.trace.lens).
     """
     max_tokens: int | None = 2048
     layers: frozenset[str] | None = None
     attention: bool | frozenset[str] = False
     top_k_logits: int = 5
+    lens: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
@@ -50,6 +61,8 @@ class TraceBudget:
             object.__setattr__(self, "layers", frozenset(as_path(x) for x in self.layers))
         if not isinstance(self.attention, bool):
             object.__setattr__(self, "attention", frozenset(as_path(x) for x in self.attention))
+        if not isinstance(self.lens, bool):
+            raise InputError(f"TraceBudget.lens must be True or False, got {self.lens!r}")
 
     def keeps_layer(self, path: str) -> bool:
         """Whether facts of a module path ('layers.3', 'layers.3.attn', 'mtp.0.ffn') are kept."""
@@ -60,14 +73,14 @@ class TraceBudget:
                 "layers": None if self.layers is None else sorted(self.layers, key=path_order),
                 "attention": self.attention if isinstance(self.attention, bool)
                 else sorted(self.attention, key=path_order),
-                "top_k_logits": self.top_k_logits}
+                "top_k_logits": self.top_k_logits, "lens": self.lens}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TraceBudget":
         attention = d.get("attention", False)
         return cls(max_tokens=d.get("max_tokens"), layers=None if d.get("layers") is None else d["layers"],
                    attention=attention if isinstance(attention, bool) else frozenset(attention),
-                   top_k_logits=d.get("top_k_logits", 5))
+                   top_k_logits=d.get("top_k_logits", 5), lens=d.get("lens", False))
 
 
 @dataclass

@@ -8,11 +8,11 @@ import numpy as np
 
 from ..spec.errors import InputError
 from .fact_tables import fact_table
-from .records import FACT_FIELDS, DSparkStep, TokenRecord, TraceBudget
+from .records import FACT_DTYPES, FACT_FIELDS, DSparkStep, TokenRecord, TraceBudget
 
 FORMAT = "v41viz-trace"
 VERSION = 1
-TABLES = ("moe", "mhc", "engram", "attention", "tokens", "dspark")
+TABLES = ("moe", "mhc", "engram", "attention", "tokens", "dspark", "lens")
 
 # Key columns (1-D, always present) and value fields with their dtypes, per table.
 KEYS: dict[str, dict[str, str]] = {
@@ -22,6 +22,7 @@ KEYS: dict[str, dict[str, str]] = {
     "attention": {"path": "str", "row": "int64", "pos": "int64"},
     "tokens": {"row": "int64", "pos": "int64"},
     "dspark": {"row": "int64", "step": "int64"},
+    "lens": {"path": "str", "row": "int64", "pos": "int64"},
 }
 VALUES: dict[str, dict[str, str]] = {
     "moe": {"expert": "int64", "weight": "float32", "score": "float32", "vision": "bool"},
@@ -33,10 +34,14 @@ VALUES: dict[str, dict[str, str]] = {
     "dspark": {"anchor_pos": "int64", "anchor_token": "int64", "drafted": "int64", "draft_probs": "float32",
                "confidences": "float32", "survival": "float32", "verify_len": "int64", "accepted": "int64",
                "next_token": "int64", "next_kind": "str", "time_s": "float64"},
+    "lens": dict(zip(FACT_FIELDS["lens"], FACT_DTYPES["lens"])),
 }
 PAD = {"int64": -1, "float32": np.nan, "float64": np.nan, "bool": False}
 # Fields added after traces were first written: a trace that lacks one still loads (the field reads NaN).
 OPTIONAL_FIELDS = {("tokens", "logprob")}
+# Tables added after traces were first written: a trace that lacks one (in its header and its tables) loads with
+# that table empty.
+OPTIONAL_TABLES = ("lens",)
 
 
 class TraceFormatError(InputError):

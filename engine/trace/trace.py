@@ -1,4 +1,4 @@
-"""Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, tokens, DSpark)."""
+"""Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, lens, tokens, DSpark)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,7 @@ import numpy as np
 
 from .decode import decode_tables
 from .formats import read_tables, read_tables_bytes, trace_format, write_tables
+from .lens import lens_values
 from .recorder import FactRecorder
 from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
 from .tables import TraceFormatError, build_tables
@@ -24,6 +25,12 @@ class Trace(FactRecorder):
         self.meta: dict[str, Any] = dict(meta or {})
         self._tokens: dict[int, dict[int, TokenRecord]] = {}
         self.dspark_steps: list[DSparkStep] = []
+
+    @property
+    def interventions(self) -> list[str]:
+        """The run's interventions as canonical texts (engine.spec.interventions), as generation wrote them into
+        meta["interventions"]; [] for a run without any, or a trace older than the key."""
+        return [str(text) for text in self.meta.get("interventions") or ()]
 
     # ---- what generation calls ------------------------------------------------------------
     def record_prompt(self, row: int, token_ids: Iterable[int], texts: Iterable[str], start_pos: int = 0) -> None:
@@ -61,6 +68,39 @@ class Trace(FactRecorder):
             rec.top_ids = top.indices.cpu().numpy().astype(np.int64)
             rec.top_logits = top.values.cpu().numpy().astype(np.float32)
             rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
+
+    def _settle(self) -> None:
+        """Before a read: the GPU records in flight written, then the logit lens's pending read-outs (all layers,
+        all tokens) turned into "lens" records by the recording model's head (engine.trace.lens), and dropped."""
+        self._flush()
+        blocks = []
+        for key in [key for key in self._columns if key[0] == "lens_hidden"]:
+            columns = self._columns.pop(key)
+            rows, pos, fields = columns.block(np.arange(columns.n))
+            if len(rows):
+                blocks.append((key[1], rows, pos, [values for values, _ in fields]))
+        if blocks:
+            hidden = np.concatenate([fields[0] for *_, fields in blocks])            # [N, dim]: every layer's tokens
+            next_ids = np.concatenate([self._next_ids(rows, pos) for _, rows, pos, _ in blocks])
+            values = lens_values(hidden, next_ids, self._lens_readout, self.budget.top_k_logits)
+            start = 0
+            for path, rows, pos, (_, rms_in, rms_out) in blocks:
+                part = [v[start:start + len(rows)] for v in values]
+                top_ids, top_probs, next_rank, next_prob = part
+                next_id = next_ids[start:start + len(rows)]
+                self._columns_for("lens", path, "").put(rows, pos, [top_ids, top_probs, next_id, next_rank,
+                                                                     next_prob, rms_in, rms_out])
+                start += len(rows)
+        self._lens_readout = None   # (a trace outlives its model: hold no reference to it)
+
+    def _next_ids(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """The token id recorded at each (row, pos + 1), -1 where none is."""
+        out = np.full(len(rows), -1, np.int64)
+        for i, (row, p) in enumerate(zip(rows.tolist(), pos.tolist())):
+            rec = self._tokens.get(row, {}).get(p + 1)
+            if rec is not None:
+                out[i] = rec.token_id
+        return out
 
     def record_dspark_step(self, step: DSparkStep) -> None:
         self.dspark_steps.append(step)
@@ -126,7 +166,7 @@ class Trace(FactRecorder):
         return self.table("moe")
 
     def table(self, name: str) -> dict[str, np.ndarray]:
-        """Columnar, pandas-ready table: moe, mhc, engram, attention, tokens or dspark."""
+        """Columnar, pandas-ready table: moe, mhc, engram, attention, tokens, dspark or lens."""
         return build_tables(self, only=name)[0][name]
 
     def summary(self) -> dict[str, Any]:

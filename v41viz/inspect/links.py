@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from engine.trace import layer_path
 
-PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
+PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention", "Logit lens")
 
 
 def related(path: str, only: str | None) -> bool:

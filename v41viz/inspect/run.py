@@ -9,8 +9,14 @@ from typing import Callable
 
 from engine.dspark.config import SCHEDULES, DSparkConfig
 from engine.dspark.profile import load_or_profile
-from engine.model.sampling import check_sampling
+from engine.model.sampling import (
+    SUGGESTED_NO_REPEAT_NGRAM,
+    SUGGESTED_REPETITION_PENALTY,
+    check_repetition,
+    check_sampling,
+)
 from engine.spec.errors import InputError
+from engine.spec.interventions import parse_intervention
 from engine.text.prompt_text import check_prompt_text
 from engine.trace import Trace, TraceBudget
 
@@ -45,6 +51,10 @@ class GenSettings:
     schedule: str = "all"
     threshold: float = 0.5
     attention: bool = True
+    interventions: tuple[str, ...] = ()   # what-if changes in their text form ('ban-expert:3:5@12-')
+    # the page decodes with the options measured against degenerate greedy text (the engine's own defaults: 1 / 0)
+    repetition_penalty: float = SUGGESTED_REPETITION_PENALTY
+    no_repeat_ngram: int = SUGGESTED_NO_REPEAT_NGRAM
 
     def check(self) -> None:
         """Raise ValueError naming the setting that is out of range."""
@@ -53,8 +63,11 @@ class GenSettings:
         if not 1 <= self.max_new_tokens <= 512:
             raise InputError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
         check_sampling(self.temperature, self.top_k, self.top_p, names=("temperature", "top-k", "top-p"))
+        check_repetition(self.repetition_penalty, self.no_repeat_ngram, names=("repetition penalty", "no-repeat n-gram"))
         if self.schedule not in SCHEDULES:
             raise InputError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
+        for text in self.interventions:   # their form here; the engine checks them against the model
+            parse_intervention(text)
 
 
 @dataclass
@@ -107,10 +120,12 @@ def new_trace(settings: GenSettings, model: str, weights: str, args=None) -> Tra
     meta = {"config": model, "weights": weights, "prompt": settings.prompt, "temperature": settings.temperature,
             "top_k": settings.top_k, "top_p": settings.top_p, "seed": settings.seed, "dspark": settings.dspark,
             "schedule": settings.schedule if settings.dspark else "", "max_new_tokens": settings.max_new_tokens,
-            "threshold": settings.threshold, "attention": settings.attention}
+            "threshold": settings.threshold, "attention": settings.attention,
+            "repetition_penalty": settings.repetition_penalty, "no_repeat_ngram": settings.no_repeat_ngram,
+            "interventions": list(settings.interventions)}   # the engine writes the canonical texts again
     if args is not None:
         meta.update(model_facts(args))
-    return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention), meta=meta)
+    return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention, lens=True), meta=meta)
 
 
 def dspark_config(engine, settings: GenSettings, run: LiveRun | None = None) -> DSparkConfig | None:
@@ -161,9 +176,12 @@ def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callabl
         run.text += piece
         on_piece(run, piece)
 
+    changes = {"interventions": settings.interventions} if settings.interventions else {}   # (an older service)
+    if settings.repetition_penalty != 1 or settings.no_repeat_ngram:
+        changes.update(repetition_penalty=settings.repetition_penalty, no_repeat_ngram=settings.no_repeat_ngram)
     result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                              top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed, trace=run.trace,
-                             on_token=on_token, dspark=dspark)
+                             on_token=on_token, dspark=dspark, **changes)
     run.elapsed_s = time.perf_counter() - run.started
     run.finish, run.status = result.finish_reasons[0], "done"
 
@@ -191,7 +209,7 @@ def settings_of(meta: dict) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, kind in (("prompt", str), ("max_new_tokens", int), ("temperature", float), ("top_p", float),
                        ("top_k", int), ("seed", int), ("dspark", bool), ("schedule", str), ("threshold", float),
-                       ("attention", bool)):
+                       ("attention", bool), ("repetition_penalty", float), ("no_repeat_ngram", int)):
         value = meta.get(name)
         if value is None or value == "":
             continue
@@ -202,14 +220,32 @@ def settings_of(meta: dict) -> dict[str, object]:
     return out
 
 
+def interventions_of(meta: dict) -> tuple[str, ...]:
+    """The what-if changes a trace's meta records, in their text form (none for a plain run or an older trace)."""
+    recorded = meta.get("interventions") or ()
+    return tuple(str(t) for t in recorded) if isinstance(recorded, (list, tuple)) else ()
+
+
+def describe_intervention(text: str) -> str:
+    """An intervention's sentence ('ban expert 5 at layer 3, from token 12 on'), or its text when unreadable."""
+    try:
+        return parse_intervention(text).describe()
+    except InputError:
+        return text
+
+
 def settings_line(model: str, meta: dict) -> str:
-    """One sentence naming the model and the settings that made a run."""
+    """One sentence naming the model and the settings that made a run (and its what-if changes)."""
     s = settings_of(meta)
     parts = [f"model {model or 'unknown'}"]
     for name, label in (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("seed", "seed"),
-                        ("max_new_tokens", "max new tokens")):
+                        ("max_new_tokens", "max new tokens"), ("repetition_penalty", "repetition penalty"),
+                        ("no_repeat_ngram", "no-repeat n-gram")):
         if name in s:
             parts.append(f"{label} {s[name]:g}" if isinstance(s[name], float) else f"{label} {s[name]}")
     if "dspark" in s:
         parts.append(f"DSpark schedule {s.get('schedule') or 'all'}" if s["dspark"] else "DSpark off")
+    changes = interventions_of(meta)
+    if changes:
+        parts.append("changed: " + "; ".join(describe_intervention(t) for t in changes))
     return "Made with " + " · ".join(parts) + "."

@@ -43,9 +43,11 @@ def trace_model(trace: Trace) -> TraceModel:
 
 
 def record_texts(trace: Trace, token_text: Callable[[int], str]) -> None:
-    """Store the text of every id the trace names without text (top-k alternatives, DSpark drafts), so that a
+    """Store the text of every id the trace names without text (top-k alternatives, DSpark drafts, the logit
+    lens's top tokens), so that a
     saved trace shows them wherever it is replayed."""
     ids = {int(i) for r in trace.rows() for t in trace.tokens(r) for i in t.top_ids.tolist()}
+    ids |= {int(i) for *_, values in trace.facts("lens") for i in values[0].tolist()}   # each layer's top tokens
     for s in trace.dspark_steps:
         ids |= {int(s.anchor_token), int(s.next_token), *(int(i) for i in s.drafted.tolist())}
     texts = dict(trace.meta.get(TEXTS) or {})

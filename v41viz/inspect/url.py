@@ -27,7 +27,8 @@ SETTINGS = {"max_new": ("max_new_tokens", int, 1, 512), "temperature": ("tempera
             "top_p": ("top_p", float, 0.01, 1.0), "top_k": ("top_k", int, 0, 1000),
             "seed": ("seed", int, 0, 2**31 - 1), "attention": ("attention", bool, 0, 1),
             "dspark": ("dspark", bool, 0, 1), "schedule": ("schedule", str, 0, 0),
-            "threshold": ("threshold", float, 0.0, 1.0)}
+            "threshold": ("threshold", float, 0.0, 1.0),
+            "rep_penalty": ("repetition_penalty", float, 0.1, 10.0), "no_repeat": ("no_repeat_ngram", int, 0, 10)}
 
 
 @dataclass

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.model.sampling import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+
 from ..inspect.export import trace_from_upload
 from ..inspect.run import SCHEDULES, GenSettings, LiveRun, settings_line, settings_of, status_sentence
 from ..inspect.tokens import literal_text_html, whitespace_note
@@ -60,12 +62,19 @@ def weights_note(slot: engine_session.EngineSlot) -> None:
 # values are also kept under SAVED and put back when the page is drawn again.
 FORM_DEFAULTS = {"inspect_prompt": "ROMEO:", "inspect_max_new": 24, "inspect_temperature": 0.0, "inspect_top_p": 1.0,
                  "inspect_top_k": 0, "inspect_seed": 0, "inspect_attention": True, "inspect_dspark": False,
-                 "inspect_schedule": "all", "inspect_threshold": 0.5}
+                 "inspect_schedule": "all", "inspect_threshold": 0.5,
+                 "inspect_repetition_penalty": SUGGESTED_REPETITION_PENALTY,
+                 "inspect_no_repeat_ngram": SUGGESTED_NO_REPEAT_NGRAM}
 SAVED, PENDING = "inspect_saved_settings", "inspect_pending_settings"
 SETTING_KEYS = {"prompt": "inspect_prompt", "max_new_tokens": "inspect_max_new", "temperature": "inspect_temperature",
                 "top_p": "inspect_top_p", "top_k": "inspect_top_k", "seed": "inspect_seed",
                 "attention": "inspect_attention", "dspark": "inspect_dspark", "schedule": "inspect_schedule",
-                "threshold": "inspect_threshold"}
+                "threshold": "inspect_threshold", "repetition_penalty": "inspect_repetition_penalty",
+                "no_repeat_ngram": "inspect_no_repeat_ngram"}
+DECODING_NOTE = (f"On by default here: repetition penalty {SUGGESTED_REPETITION_PENALTY:g}, no-repeat n-gram "
+                 f"{SUGGESTED_NO_REPEAT_NGRAM} (0 = off), measured on the shipped model to keep greedy text from "
+                 "collapsing into runs of spaces or one repeated line. `python -m engine generate` leaves both off "
+                 "(1 and 0) unless given `--repetition-penalty` / `--no-repeat-ngram`; DSpark stays lossless under them.")
 
 
 def restore_settings(linked: dict[str, object] | None = None) -> None:
@@ -104,12 +113,20 @@ def settings_form(args, linked: dict[str, object] | None = None) -> GenSettings 
         schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), key="inspect_schedule",
                                   format_func=lambda s: f"{s} — {SCHEDULES[s]}", disabled=not can_draft)
         threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, key="inspect_threshold", disabled=not can_draft)
+        r = st.columns([1, 1, 3])
+        penalty = r[0].number_input("repetition penalty", 0.1, 10.0, step=0.05, key="inspect_repetition_penalty",
+                                    help="the logit of every token already in the text is divided by it (when "
+                                         "positive) or multiplied (when negative); 1 = off")
+        no_repeat = r[1].number_input("no-repeat n-gram", 0, 10, key="inspect_no_repeat_ngram",
+                                      help="never emit a token that would repeat an n-gram of the text; 0 = off")
+        r[2].caption(DECODING_NOTE)
         go = st.form_submit_button("Generate", type="primary", icon=":material/play_arrow:")
     st.session_state[SAVED] = {key: st.session_state[key] for key in FORM_DEFAULTS}
     if not go:
         return None
     return GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k), int(seed),
-                       bool(dspark) and can_draft, schedule, float(threshold), bool(attention))
+                       bool(dspark) and can_draft, schedule, float(threshold), bool(attention),
+                       repetition_penalty=float(penalty), no_repeat_ngram=int(no_repeat))
 
 
 def replay_upload() -> None:
@@ -137,13 +154,18 @@ def show_trace(trace, name: str) -> LiveRun:
     settings go into the form, and its model is picked when this server runs it."""
     run = loaded_run(trace, name)
     st.session_state[LOADED], st.session_state[SHOWN] = run, "loaded"
-    recorded = settings_of(trace.meta)
-    if recorded.get("schedule") not in SCHEDULES:
-        recorded.pop("schedule", None)
-    st.session_state[PENDING] = {SETTING_KEYS[name]: value for name, value in recorded.items()}
+    settings_into_form(trace.meta)
     if run.model in engine_session.model_choices():
         st.session_state[MODEL_KEPT] = run.model  # the model that made it, so its panels draw against it
     return run
+
+
+def settings_into_form(meta: dict) -> None:
+    """The settings a trace recorded go into the form on the page's next draw."""
+    recorded = settings_of(meta)
+    if recorded.get("schedule") not in SCHEDULES:
+        recorded.pop("schedule", None)
+    st.session_state[PENDING] = {SETTING_KEYS[name]: value for name, value in recorded.items()}
 
 
 def loaded_run(trace, name: str) -> LiveRun:

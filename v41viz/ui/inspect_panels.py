@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.trace import Trace, path_order
 
-from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, mhc_panel
+from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, lens_panel, mhc_panel
 from ..inspect.export import FORMATS, trace_bytes
 from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
@@ -16,6 +16,7 @@ from . import inspect_link
 from .page_links import INSPECT_TOKEN as TOKEN
 from .page_links import INSPECT_TOKEN_RUN as TOKEN_RUN
 from .page_links import to_diagram_button
+from .static_table import show_table
 
 PANEL, NODE = "inspect_panel", "inspect_node"
 ALL = "(all modules)"
@@ -47,8 +48,8 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     token = selected_token(run, positions)
     if st.session_state.get(TOKEN) != token:  # set only on change: a set value overrides the slider mid-drag
         st.session_state[TOKEN] = token
-    c1, c2, c3 = st.columns([3, 2, 3])
-    c1.segmented_control("Panel", PANELS, key=PANEL, required=True)
+    st.segmented_control("Panel", PANELS, key=PANEL, required=True)   # (a row of its own: six panels)
+    c2, c3 = st.columns([2, 3])
     c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show",
                  on_change=lambda: st.session_state.pop(inspect_link.REQUEST, None))
     names = dict(zip(positions, labels(trace, 0, positions)))
@@ -202,6 +203,37 @@ def attention(run: LiveRun, config_key: str | None, node: str | None, pos: int) 
         st.info("No indexer picks at this token (too few compressed entries yet, or no indexed layer).")
 
 
+def lens(run: LiveRun, config_key: str | None, node: str | None, pos: int, token_text) -> None:
+    """The logit lens at the selected token (layers down), the residual-stream RMS per layer, and the tokens'
+    log-probabilities."""
+    trace = run.trace
+    if not trace.paths("lens"):
+        why = ("generate again to record it" if run.source == "live" else
+               "this trace was saved without it (older traces, or a run with the lens off or on several ranks)")
+        st.info(f"This run has no logit-lens records: {why}.")
+        st.plotly_chart(lens_panel.logprob_figure(trace, 0, pos), key="lens_logprobs", **CHART)
+        return
+    paths = lens_panel.lens_paths(trace, filter_path(node) if node else None)
+    header(run, config_key, "head", "logit lens: each layer's streams read out through the final norm and head",
+           "back_lens")
+    token_text = shown_text(token_text)
+    table = lens_panel.lens_table(trace, 0, pos, token_text, paths)
+    if table.empty:
+        st.info(f"No lens records at token {labels(trace, 0, [pos])[0]}.")
+    else:
+        st.markdown(f"**What each layer predicts after {labels(trace, 0, [pos], 24)[0]}** (its streams collapsed as "
+                    "the model collapses its last layer's, then the final norm and the head)")
+        show_table(table, st.container(key="lens_table"))
+        left, right = st.columns(2)
+        left.plotly_chart(lens_panel.lens_figure(trace, 0, pos, token_text, paths), key="lens_layers", **CHART)
+        right.plotly_chart(lens_panel.norm_figure(trace, 0, pos, paths), key="lens_norms", **CHART)
+    st.plotly_chart(lens_panel.next_token_heatmap(trace, 0, paths), key="lens_heatmap", **CHART)
+    st.plotly_chart(lens_panel.logprob_figure(trace, 0, pos), key="lens_logprobs", **CHART)
+    st.caption("V4.1 reads a layer out with the `pre` weights its next consumer would collapse with (the next layer's "
+               "attention, or the final read-out); V4 with its learned `hc_head`. RMS: each hc stream's root mean "
+               "square over dim, entering the layer (after its Engram, where it has one) and leaving it.")
+
+
 def tokens(run: LiveRun, token_text) -> None:
     with st.expander("Tokens (text, id, probability under the model, top-k alternatives, step time)"):
         st.caption("Prompt tokens: the probability the model gave each one given the tokens before it "
@@ -225,5 +257,5 @@ def export(run: LiveRun) -> None:
     with c2:
         st.download_button(f"Download {name} ({len(cache[key]) / 1024:.0f} KiB)", cache[key], file_name=name,
                            mime=mime, key="export_download", icon=":material/download:", on_click="ignore")
-        st.caption("Parquet: one table per fact kind (moe, mhc, engram, attention, tokens, dspark) readable by "
+        st.caption("Parquet: one table per fact kind (moe, mhc, engram, attention, tokens, dspark, lens) readable by "
                    "pandas/polars; every format loads back with `Trace.load` or the uploader above.")

@@ -139,7 +139,8 @@ def layers_table(diff: RunDiff) -> None:
                "(1 = no amplification). Agreement: mean Jaccard of the chosen experts. Draft stages are left out.")
 
 
-def routing(diff: RunDiff) -> None:
+def routing(diff: RunDiff, key: str = "compare_routing_chart") -> None:
+    """The routing agreement per layer and token as a heatmap (the chart's element key: `key`)."""
     if not diff.routing_comparable or diff.routing.empty:
         return
     r = diff.routing
@@ -161,10 +162,10 @@ def routing(diff: RunDiff) -> None:
         fig.add_vline(x=positions.index(shared) - 0.5 if shared in positions else len(positions) - 0.5,
                       line_dash="dot", line_color=FIRST)
     fig.update_layout(yaxis={"autorange": "reversed"},
-                      xaxis_title="position (right of the dotted line the two models read different tokens)")
+                      xaxis_title="position (right of the dotted line the two runs read different tokens)")
     titled(fig, "routing agreement per layer and token (hover: the experts each run chose)",
            height=max(300, 26 * len(layers) + 150), legend=False)
-    st.plotly_chart(thinned_categories(fig, x, upright=False), key="compare_routing_chart", width="stretch",
+    st.plotly_chart(thinned_categories(fig, x, upright=False), key=key, width="stretch",
                     config={"displayModeBar": False})
 
 
