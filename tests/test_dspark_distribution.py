@@ -102,9 +102,13 @@ def test_emitted_tokens_follow_the_target_distribution_under_history_rules(model
     m = res.metrics
     assert 0 < m.accepted < m.scheduled and m.bonus > 0
     for c, probs in zip(counts, exact_under(model, rules)):
-        assert chi_square_p(c, probs) > ALPHA, (c / N, probs)
+        possible = probs > 0                     # a banned token (probability 0) must never be emitted
+        assert not c[~possible].any(), (c, probs)
+        assert chi_square_p(c[possible], probs[possible]) > ALPHA, (c / N, probs)
     # the rules move the distribution far enough that the test tells the two apart
     assert min(chi_square_p(c, probs) for c, probs in zip(counts, exact)) < ALPHA
+    if rules.get("no_repeat_ngram") == 1:    # in every row: no token of the prompt or of its own output comes back
+        assert all(len(set(t)) == len(t) and not set(t) & set(PROMPT) for t in res.tokens)
 
 
 def resample_from_target(drafts, q, p, generator=None):
