@@ -35,7 +35,10 @@ class Gate(nn.Module):
         """x [N, dim] → (weights [N, k], ids [N, k], raw scores of the chosen [N, k]). steer [N, E]: interventions
         (engine.model.interventions), −inf bans an expert from the selection and +inf forces it in."""
         logits = F.linear(upcast(x), upcast(self.weight)) / self.temp
-        scores = F.softplus(logits).sqrt()                                   # "sqrtsoftplus", fp32
+        return self.route(F.softplus(logits).sqrt(), vision, steer)        # "sqrtsoftplus", fp32
+
+    def route(self, scores: torch.Tensor, vision: torch.Tensor | None, steer: torch.Tensor | None):
+        """scores [N, E] → (weights, ids, chosen scores) [N, k]: the top-k of scores + bias, steered."""
         bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
         selection = scores + bias                                            # the bias only selects
         if steer is not None:  # intervention: banned experts cannot be chosen, forced ones always are

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..model.moe import Gate, route_weights
+from ..model.moe import Gate
 from ..model.norm import upcast
 from .derived import derived
 
@@ -22,11 +22,4 @@ class FastGate(Gate):
         logits = F.linear(upcast(x), w)
         if self.temp != 1:
             logits = logits / self.temp
-        scores = F.softplus(logits).sqrt()                                   # "sqrtsoftplus", fp32
-        bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
-        selection = scores + bias                                            # the bias only selects
-        if steer is not None:  # intervention: banned experts cannot be chosen, forced ones always are
-            selection = selection + steer
-        ids = selection.topk(self.topk, dim=-1).indices
-        chosen = scores.gather(-1, ids)
-        return route_weights(self, chosen), ids, chosen
+        return self.route(F.softplus(logits).sqrt(), vision, steer)        # "sqrtsoftplus", fp32
