@@ -18,10 +18,12 @@ FINISHED = ("() => { const s = document.querySelector('.st-key-inspect_status');
 @pytest.fixture(scope="module")
 def serial_outputs() -> dict[str, str]:
     """Each prompt's generated text from the engine in this process, one prompt at a time, with the page's
-    settings (greedy, BOS, whole characters as streamed) and its torch thread count."""
+    settings (greedy with its default decoding options, BOS, whole characters as streamed) and its torch thread
+    count."""
     import torch
 
     from engine.generation import Engine
+    from engine.model.sampling import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
     from v41viz.ui.engine_session import TORCH_THREADS
     threads = torch.get_num_threads()
     torch.set_num_threads(TORCH_THREADS)
@@ -31,6 +33,8 @@ def serial_outputs() -> dict[str, str]:
         for prompt in PROMPTS:
             pieces: list[str] = []
             engine.generate_text(prompt, max_new_tokens=MAX_NEW, temperature=0.0,
+                                 repetition_penalty=SUGGESTED_REPETITION_PENALTY,
+                                 no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM,
                                  on_text=lambda _row, piece: pieces.append(piece))
             out[prompt] = "".join(pieces)
         return out
