@@ -18,9 +18,13 @@ from engine.training.log import CsvLog
 from tests.model_helpers import tiny_args
 
 TRAIN = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: O Romeo, Romeo.\n" * 3
-HELD = "JULIET: Wherefore art thou Romeo? Deny thy father and refuse thy name.\n" * 2
+# held out: speeches as the Gutenberg plays set them (the speaker's heading alone on a line), for the card's prompts
+HELD = ("JULIET.\nWherefore art thou Romeo? Deny thy father and refuse thy name.\n\n"
+        "ROMEO.\nShall I hear more, or shall I speak at this?\n\n"
+        "NURSE.\nMadam, your lady mother craves a word with you.\n\n") * 2
 SEQ = 16
-OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5, repeats=1)
+OPTS = CardOptions(seq=SEQ, windows=8, batch=2, new_tokens=6, seed=3, top_ngrams=5, repeats=2, prompts=3,
+                   quality_tokens=12, repetition_penalty=1.3, no_repeat_ngram=3)
 
 
 def build_card_inputs(root: Path):

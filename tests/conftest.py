@@ -49,13 +49,16 @@ SLOW = {
         "`engine bench` launches plus two `bench --help` probes, each a fresh process importing torch [~12 s idle, "
         "25 s at load average 4]",
     # model-card measurement
-    "test_default_checkpoint.py": "re-measures the shipped model's card [29 s]",
-    "test_model_card.py": "measures a card end to end on a tiny checkpoint [9 s]",
+    "test_default_checkpoint.py": "re-measures the shipped model's card: held-out loss, DSpark runs on eight held-out "
+                                  "prompts, 2 × 8 greedy continuations of 200 tokens [207 s at load average 5]",
+    "test_model_card.py": "measures a card end to end on a tiny checkpoint and re-measures it [60 s at load average "
+                          "5]",
     # long training runs
     "test_train_drafter.py": "trains and resumes a drafter [8 s]",
     "test_continuations.py": "greedy continuations of training prompts, and drafter training on them [25 s]",
     # long equivalence and statistics runs (the kernel ones: a whole model in the Triton interpreter)
     "test_dspark_distribution.py": "a chi-square test over 1000 sampled rows, and its power check [14 s]",
+    "test_dspark_fallback_distribution.py": "the same chi-square test with the auto schedule's plain steps [15 s]",
     "test_graphs.py::test_static_body_decodes_like_eager_step_by_step": "24+ decode steps, twice [12 s]",
     "test_graphs.py::test_greedy_dspark_with_graphs_equals_eager": "four speculative runs, twice each [9 s]",
     "test_speedups_fast.py::test_compiled_decode_equals_eager_decode": "torch.compile of a decode body (inductor, "

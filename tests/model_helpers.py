@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from engine.model import EngineOptions, Transformer, init_weights
+from engine.model.mhc import stochastic_error
 from engine.spec.config import load_config
 from engine.speedups import prepare_for_inference
 
@@ -48,9 +49,15 @@ class RecordingTrace:
         self.moe.append(dict(path=path, rows=rows, positions=positions, ids=ids, weights=weights, scores=scores,
                              vision=vision))
 
-    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err):
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err=None, col_err=None):
+        if row_err is None:  # the model leaves the residuals to the trace, which derives them from comb
+            row_err, col_err = stochastic_error(comb)
         self.mhc.append(dict(path=path, site=site, rows=rows, positions=positions, pre=pre, post=post, comb=comb,
                              row_err=row_err, col_err=col_err))
+
+    def record_mhc_mix(self, path, site, rows, positions, pre, mix):
+        """The fused seam's form (mix = [combᵀ | post]), unpacked as the Trace unpacks it."""
+        self.record_mhc(path, site, rows, positions, pre, mix[..., -1], mix[..., :-1].transpose(-1, -2))
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates):
         self.engram.append(dict(path=path, rows=rows, positions=positions, compressed_ids=compressed_ids,

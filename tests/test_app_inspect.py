@@ -198,3 +198,16 @@ def test_a_long_prompt_travels_as_a_short_id():
     assert any("This link shares a generation" in m.value for m in again.markdown)
     unknown = inspect_page(pid="0123456789ab")
     assert any("`0123456789ab`, which this server does not know" in w.value for w in unknown.warning)
+
+
+def test_the_decoding_options_are_on_by_default_and_said_so_next_to_them():
+    from engine.model.sampling import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+    at = inspect_page()
+    assert at.number_input(key="inspect_repetition_penalty").value == SUGGESTED_REPETITION_PENALTY != 1
+    assert at.number_input(key="inspect_no_repeat_ngram").value == SUGGESTED_NO_REPEAT_NGRAM
+    assert any(c.value.startswith(f"On by default here: repetition penalty {SUGGESTED_REPETITION_PENALTY:g}")
+               and "leaves both off" in c.value for c in at.caption)
+    at = generate(at)
+    assert not at.exception, at.exception
+    made = [c.value for c in at.caption if c.value.startswith("Made with")]
+    assert made and f"repetition penalty {SUGGESTED_REPETITION_PENALTY:g}" in made[0], made

@@ -39,6 +39,10 @@ CLI_CASES = [
     (GEN + OK + ["--top-p", "1.5"], "--top-p must lie in (0, 1]"),
     (GEN + OK + ["--top-p", "nan"], "--top-p must lie in (0, 1]"),
     (GEN + OK + ["--top-k", "-1"], "--top-k must be a non-negative integer"),
+    (GEN + OK + ["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0 (1 = off"),
+    (GEN + OK + ["--repetition-penalty", "nan"], "--repetition-penalty must be a finite number > 0"),
+    (GEN + OK + ["--repetition-penalty", "inf"], "--repetition-penalty must be a finite number > 0"),
+    (GEN + OK + ["--no-repeat-ngram", "-1"], "--no-repeat-ngram must be a non-negative integer (0 = off"),
     (GEN + OK + ["--max-new-tokens", "-1"], "--max-new-tokens must be at least 0, got -1"),
     (GEN + OK + ["--max-new-tokens", "100000"], "--max-new-tokens must be at most 511 (what the model's max_seq_len "
                                                 "of 512 leaves after a one-token prompt), got 100,000"),
@@ -79,6 +83,10 @@ CLI_CASES = [
     (["card", "{tmp}", "--seq", "100000"], "--seq must be at most 512 (the checkpoint's max_seq_len), got 100,000"),
     (["card", "{tmp}", "--new-tokens", "100000"], "--new-tokens must be at most 511"),
     (["card", "{tmp}", "--seed", str(2**64)], "--seed must lie in 0..2**63-1"),
+    (["card", "{tmp}", "--new-tokens", "1"], "--new-tokens must be at least 2 (decode speed is measured after"),
+    (["card", "{tmp}", "--prompts", "0"], "--prompts must be at least 1, got 0"),
+    (["card", "{tmp}", "--quality-tokens", "100000"], "--quality-tokens must be at most 511"),
+    (["card", "{tmp}", "--repetition-penalty", "-1"], "--repetition-penalty must be a finite number > 0"),
 ]
 
 
@@ -160,6 +168,11 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it(engine, monkeypatch):
     ({"temperature": float("inf")}, "temperature must be a finite number"),
     ({"top_p": float("nan")}, "top_p must lie in (0, 1]"),
     ({"top_k": 2.5}, "top_k must be a non-negative integer"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number > 0"),
+    ({"no_repeat_ngram": 1.5}, "no_repeat_ngram must be a non-negative integer"),
+    ({"no_repeat_ngram": 2, "dspark": DSparkConfig(), "repetition_penalty": "1.2"},
+     "repetition_penalty must be a finite number > 0"),
     ({"seed": 2**63}, "the seed of row 0 is 9223372036854775808, outside 0..2**63-1"),
     ({"seed": 2**63 - 1}, "the seed of row 1 is 9223372036854775808"),   # seed + row overflows
     ({"seed": -1}, "outside 0..2**63-1"),
@@ -188,6 +201,10 @@ def test_the_app_applies_the_engine_prompt_rule(engine, prompt):
 def test_the_app_refuses_a_temperature_too_small_to_sample(engine):
     with pytest.raises(InputError, match="temperature 1e-45 is below"):
         GenSettings("The cat", temperature=1e-45).check()
+    with pytest.raises(InputError, match="repetition penalty must be a finite number > 0"):
+        GenSettings("The cat", repetition_penalty=float("inf")).check()
+    with pytest.raises(InputError, match="no-repeat n-gram must be a non-negative integer"):
+        GenSettings("The cat", no_repeat_ngram=-2).check()
 
 
 # ---- in a real process (each costs seconds): bytes in argv as a shell passes them; a thread count that used to take

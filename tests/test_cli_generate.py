@@ -25,6 +25,18 @@ def test_random_init_generate_writes_a_trace_that_loads_back(tmp_path, capsys):
     assert trace.meta["weights"] == "random init (seed 4)" and trace.paths("moe")
 
 
+def test_decoding_option_flags_reach_the_engine_and_the_trace(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    flags = ["--repetition-penalty", "0.3", "--no-repeat-ngram", "2", "--max-new-tokens", "6"]
+    assert main(BASE + ["--config", "tiny-v4.1", "--random-init", "--seed", "4", "--trace", str(out)] + flags) == 0
+    stdout = capsys.readouterr().out
+    engine = Engine.load("tiny-v4.1", seed=4)
+    want = engine.generate_text("The cat", max_new_tokens=6, repetition_penalty=0.3, no_repeat_ngram=2).texts[0]
+    assert stdout.rstrip("\n") == "The cat" + want != "The cat" + engine.generate_text("The cat", max_new_tokens=6).texts[0]
+    meta = Trace.load(out).meta
+    assert (meta["repetition_penalty"], meta["no_repeat_ngram"]) == (0.3, 2)
+
+
 def test_checkpoint_generates_what_the_random_init_generated(tmp_path, capsys):
     engine = Engine.load("tiny-v4.1", seed=4)
     save_checkpoint(engine.model, tmp_path / "ckpt")

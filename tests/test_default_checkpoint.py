@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -11,8 +12,19 @@ import torch
 from engine.cli import main as cli_main
 from engine.dspark.metrics import summarize
 from engine.generation import DSparkConfig, Engine, generate_speculative
-from engine.training.card import PROMPTS, balance_table, heldout_windows, measure_heldout, render, unigram_loss
+from engine.training.card import (
+    balance_table,
+    bits_per_byte,
+    heldout_windows,
+    measure_heldout,
+    render,
+    text_bytes,
+    unigram_loss,
+)
+from engine.training.card_decoding import greedy_quality
+from engine.training.card_prompts import heldout_prompts
 from engine.training.corpus import TOKENS_NAME, load_tokens, sha256_file
+from engine.training.text_quality import words_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "checkpoints" / "default"
@@ -94,14 +106,45 @@ def test_card_heldout_numbers_are_remeasured_equal(engine, card, corpus):
     means = {path: float(g.mean()) for path, g in held["gates"].items()}
     for row in card["engram"]["layers"]:
         assert means[row["layer"]] == pytest.approx(row["mean"], rel=1e-4)
+    n_bytes = text_bytes(engine.tokenizer, windows[:, 1:])
+    assert n_bytes == h["bytes"] and h["bits_per_byte"] == pytest.approx(bits_per_byte(held["loss"], held["tokens"],
+                                                                                         n_bytes), rel=1e-4)
+    assert h["bits_per_byte"] == pytest.approx(h["loss"] * h["tokens"] / (math.log(2) * n_bytes), rel=1e-12)
+
+
+def test_card_prompts_are_speech_openings_of_the_held_out_works(engine, card, corpus):
+    prompts = card["heldout_prompts"]["prompts"]
+    assert prompts == heldout_prompts(engine.tokenizer.decode(corpus["heldout"].tolist()), 8, 4)
+    train = engine.tokenizer.decode(corpus["train"].tolist())
+    assert len(set(prompts)) == 8 and not any(p in train for p in prompts)
+    assert card["dspark"]["prompts"] == card["text_quality"]["prompts"] == prompts
 
 
 def test_card_dspark_accepted_length_is_remeasured_equal(engine, card):
     d, settings = card["dspark"], card["sample_settings"]
-    steps = [s for p in PROMPTS for s in generate_speculative(
-        engine.model, [engine.encode(p)], max_new_tokens=settings["max_new_tokens"], temperature=0.0,
-        seed=settings["seed"], stop_tokens=(), dspark=DSparkConfig()).steps]
-    accepted = summarize(steps).mean_accepted_length
-    assert accepted == pytest.approx(d["T=0"]["mean_accepted_length"], rel=1e-12)
-    assert accepted >= 2.5, "the shipped drafter falls short of the default model's T=0 target (issue 6)"
-    assert d["T=0"]["outputs_identical"] is True
+    options = card["decoding_options"]
+    for key, extra in (("T=0", {}), ("T=0, options", options)):
+        runs = [generate_speculative(engine.model, [engine.encode(p)], max_new_tokens=d["new_tokens"], temperature=0.0,
+                                     seed=settings["seed"], stop_tokens=(), dspark=DSparkConfig(), **extra)
+                for p in d["prompts"]]
+        accepted = summarize([s for r in runs for s in r.steps]).mean_accepted_length
+        assert accepted == pytest.approx(d[key]["mean_accepted_length"], rel=1e-12)
+        assert [len(r.steps) for r in runs] == [row["steps"] for row in d[key]["per_prompt"]]
+        if key == "T=0":
+            assert accepted >= 2.5, "the shipped drafter falls short of the default model's T=0 target (issue 6)"
+        assert d[key]["outputs_identical"] is True and all(row["outputs_identical"] for row in d[key]["per_prompt"])
+
+
+def test_card_text_quality_is_remeasured_equal(engine, card, corpus):
+    q = card["text_quality"]
+    known = set(words_of(engine.tokenizer.decode(corpus["train"].tolist())))
+    for name, run in q["runs"].items():
+        options = {"repetition_penalty": run["repetition_penalty"], "no_repeat_ngram": run["no_repeat_ngram"]}
+        summary, rows = greedy_quality(engine, q["prompts"], q["new_tokens"], known, **options)
+        assert [r["text"] for r in rows] == [r["text"] for r in run["per_prompt"]]
+        assert summary == {k: v for k, v in run.items() if k not in ("per_prompt", *options)}
+    with_options = q["runs"]["options"]
+    assert card["decoding_options"] == {k: with_options[k] for k in ("repetition_penalty", "no_repeat_ngram")}
+    # what the app's default decoding options are for (issue 21): no whitespace runs, no collapse into few words
+    assert with_options["longest_whitespace_run_tokens"] <= 2 and with_options["fewest_words"] >= 60
+    assert with_options["repeated_ngram_share"] < q["runs"]["off"]["repeated_ngram_share"]

@@ -40,18 +40,19 @@ def test_greedy_output_equals_plain_greedy(model, plain, cfg):
     assert sum(len(t) for t in res.tokens) == len(PROMPTS) + sum(s.accepted + 1 for s in res.steps)
 
 
-@pytest.mark.parametrize("options", [{"repetition_penalty": 1.5}, {"no_repeat_ngram": 2},
-                                     {"repetition_penalty": 0.5, "no_repeat_ngram": 3}],
+@pytest.mark.parametrize("options, cfg", [({"repetition_penalty": 1.5}, DSparkConfig("all")),
+                                          ({"no_repeat_ngram": 2}, DSparkConfig("all")),
+                                          ({"repetition_penalty": 0.5, "no_repeat_ngram": 3},
+                                           DSparkConfig("threshold", 0.6))],
                          ids=["penalty", "no-repeat", "both"])
-def test_greedy_output_under_history_rules_equals_plain_greedy_under_them(model, plain, options):
+def test_greedy_output_under_history_rules_equals_plain_greedy_under_them(model, plain, options, cfg):
     want = generate(model, PROMPTS, max_new_tokens=20, seed=0, **options)
     assert want.tokens != plain.tokens   # the rules change the text, so the equality below has power
-    for cfg in (DSparkConfig("all"), DSparkConfig("threshold", 0.6)):
-        # each verified position is judged with the drafts before it in its history
-        res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, dspark=cfg, **options)
-        assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
-        m = res.metrics
-        assert 0 < m.accepted < m.scheduled
+    # each verified position is judged with the drafts before it in its history
+    res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, dspark=cfg, **options)
+    assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
+    m = res.metrics
+    assert 0 < m.accepted < m.scheduled
 
 
 def test_schedules_are_applied_per_step_across_the_batch(model):
@@ -96,6 +97,13 @@ def test_sampling_is_reproducible_and_row_seeded(model):
     c = generate_speculative(model, PROMPTS, seed=[7, 8, 9, 11], **kw)
     assert a.tokens == b.tokens and a.tokens[:3] == c.tokens[:3]
     assert all(len(t) == 8 for t in a.tokens)
+
+
+def test_graphed_verify_under_history_rules_drafts_eagerly_and_equals_plain(model):
+    want = generate(model, PROMPTS, max_new_tokens=12, seed=0, no_repeat_ngram=2)
+    res = generate_speculative(model, PROMPTS, max_new_tokens=12, seed=0, cuda_graphs=True, no_repeat_ngram=2)
+    assert res.tokens == want.tokens
+    assert res.graphed_drafts == 0 and res.graphed_forwards > 0   # the graphed drafter knows no rules
 
 
 def test_sampling_under_history_rules_is_reproducible_and_never_breaks_a_ban(model):

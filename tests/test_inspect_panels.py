@@ -12,7 +12,15 @@ from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_
 from v41viz.inspect.equivalent import missing_reason, nearest_equivalent
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
-from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace, prompt_problem, status_sentence
+from v41viz.inspect.run import (
+    GenSettings,
+    LiveRun,
+    generate_into,
+    new_trace,
+    prompt_problem,
+    settings_of,
+    status_sentence,
+)
 from v41viz.inspect.tokens import alternatives, probability_text, token_table, visible
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
 from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id
@@ -32,6 +40,18 @@ def _run(slot, **kw) -> LiveRun:
     with slot.turn() as engine:
         generate_into(engine, settings, run, lambda r, p: None)
     return run
+
+
+def test_the_decoding_options_reach_the_engine_and_the_trace(slot):
+    ids = slot.engine.encode_prompt(PROMPT)
+    changed = _run(slot, repetition_penalty=0.3, no_repeat_ngram=2)   # below 1: the history's tokens come back
+    want = slot.engine.generate([ids], max_new_tokens=8, repetition_penalty=0.3, no_repeat_ngram=2).tokens[0]
+    assert [t.token_id for t in changed.trace.tokens(0) if t.generated] == want
+    recorded = settings_of(changed.trace.meta)
+    assert (recorded["repetition_penalty"], recorded["no_repeat_ngram"]) == (0.3, 2)
+    off = _run(slot, repetition_penalty=1.0, no_repeat_ngram=0)
+    assert [t.token_id for t in off.trace.tokens(0) if t.generated] == \
+        slot.engine.generate([ids], max_new_tokens=8).tokens[0] != want
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,12 @@ def test_the_last_layer_is_the_models_own_prediction(engine):
     assert diff <= 1e-5, f"largest relative difference of a top-8 probability: {diff:.2e}"   # fp32 rounding
     nxt = torch.tensor(PROMPT[1:])
     assert np.allclose(rec["next_prob"], probs[:-1].gather(-1, nxt[:, None])[:, 0].numpy(), rtol=1e-5, atol=0)
-    ranks = (logits[:-1] > logits[:-1].gather(-1, nxt[:, None])).sum(-1) + 1
-    assert np.array_equal(rec["next_rank"], ranks.numpy())
+    # the rank, up to logits that tie the next token's within fp32 rounding of the two matmuls
+    target, tol = logits[:-1].gather(-1, nxt[:, None]), 1e-6 * logits.abs().max()
+    fewest = (logits[:-1] > target + tol).sum(-1) + 1
+    most = (logits[:-1] > target - tol).sum(-1) + 1
+    assert np.all((fewest.numpy() <= rec["next_rank"]) & (rec["next_rank"] <= most.numpy()))
+    assert (most - fewest).max() <= 8, (most - fewest).tolist()        # a narrow band: rounding, not a loose test
     assert trace.fact("lens", last, 0, len(PROMPT) - 1)["next_id"] == -1   # nothing followed the last position
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -16,9 +17,11 @@ from engine.generation import Engine
 from engine.generation.speculative import generate_speculative
 from engine.text.tokenizer import load_tokenizer
 from engine.text.vocab import IdMap
-from engine.training.card import PROMPTS, build_card
+from engine.training.card import build_card
+from engine.training.card_decoding import PROMPTS
+from engine.training.card_prompts import heldout_prompts
 from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME
-from tests.card_helpers import OPTS, SEQ
+from tests.card_helpers import HELD, OPTS, SEQ, TRAIN
 
 
 def test_heldout_loss_and_unigram_baseline_equal_direct_computations(card_inputs):
@@ -62,21 +65,34 @@ def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
     full_text = Engine.load(checkpoint=ckpt).tokenizer.decode(held.tolist())
     assert all(g["ngram"] and g["ngram"] in full_text for g in e["top_ngrams"])  # n-grams of the held-out text
     d = card["dspark"]
+    prompts = card["heldout_prompts"]["prompts"]
+    assert d["prompts"] == prompts and list(d)[-3:] == ["T=0", "T=1", "T=0, options"]
     assert d["T=0"]["outputs_identical"] is True  # greedy DSpark is lossless
-    for k in ("T=0", "T=1"):
+    assert d["T=0, options"]["outputs_identical"] is True  # under the decoding options too
+    assert (d["T=0, options"]["repetition_penalty"], d["T=0, options"]["no_repeat_ngram"]) == (1.3, 3)
+    for k in ("T=0", "T=1", "T=0, options"):
         assert d[k]["mean_accepted_length"] >= 1.0 and d[k]["plain_tokens_per_s"] > 0
     engine = Engine.load(checkpoint=ckpt)
-    for t in (0.0, 1.0):  # the accepted length is recomputed from fresh seeded runs, one prompt at a time
-        steps = [s for p in PROMPTS for s in generate_speculative(
-            engine.model, [engine.encode(p)], max_new_tokens=OPTS.new_tokens, temperature=t, seed=OPTS.seed,
-            stop_tokens=()).steps]
-        again = summarize(steps)
-        r = d[f"T={t:g}"]
+    for key, t, options in (("T=0", 0.0, {}), ("T=1", 1.0, {}),
+                            ("T=0, options", 0.0, {"repetition_penalty": 1.3, "no_repeat_ngram": 3})):
+        # the accepted lengths are recomputed from fresh seeded runs, one prompt at a time
+        kw = dict(max_new_tokens=OPTS.new_tokens, temperature=t, seed=OPTS.seed, stop_tokens=(), **options)
+        runs = [generate_speculative(engine.model, [engine.encode(p)], **kw) for p in prompts]
+        again = summarize([s for r in runs for s in r.steps])
+        r = d[key]
         assert r["mean_accepted_length"] == pytest.approx(again.mean_accepted_length)
-        assert r["dspark_steps"] == again.steps and r["decoded_tokens"] == len(PROMPTS) * (OPTS.new_tokens - 1)
+        assert r["dspark_steps"] == again.steps and r["decoded_tokens"] == len(prompts) * (OPTS.new_tokens - 1)
         assert r["per_position_acceptance"] == pytest.approx(again.conditional_acceptance, nan_ok=True)
         low, high = r["speedup_range"]
         assert 0 < low <= high and d["repeats"] == OPTS.repeats
+        assert len(r["per_prompt"]) == len(prompts)
+        for run, row, p in zip(runs, r["per_prompt"], prompts):
+            plain = engine.generate([engine.encode(p)], **kw).tokens
+            assert row["steps"] == len(run.steps)
+            assert row["mean_accepted_length"] == pytest.approx(summarize(run.steps).mean_accepted_length)
+            assert row["outputs_identical"] == (plain == run.tokens)
+            assert 0 < row["speedup_range"][0] <= row["speedup"] <= row["speedup_range"][1]
+        assert r["outputs_identical"] == all(row["outputs_identical"] for row in r["per_prompt"])
     assert card["measured"]["torch"] == torch.__version__ and card["measured"]["threads"] == torch.get_num_threads()
     assert len(card["measured"]["date"]) == 10 and "cores" in card["measured"]["machine"]
     assert [s["prompt"] for s in card["samples"]] == list(PROMPTS)
@@ -91,6 +107,13 @@ def test_card_files_carry_the_measured_numbers(card_inputs):
     md = (ckpt / "MODEL_CARD.md").read_text()
     assert f"{card['heldout']['loss']:.3f}" in md and f"{card['heldout']['unigram_loss']:.3f}" in md
     assert f"{card['model']['bytes_on_disk']:,}" in md and "test text" in md
+    assert f"{card['heldout']['bits_per_byte']:.3f}" in md and all(repr(p) in md for p in card["dspark"]["prompts"])
+    q = card["text_quality"]["runs"]["options"]
+    assert "## Greedy text quality" in md and "| repetition penalty 1.3, no repeated 3-grams | " \
+        f"{100 * q['whitespace_share']:.1f}% | {q['longest_whitespace_run_tokens']} / " in md
+    assert "| T = 0, repetition penalty 1.3, no repeated 3-grams | " in md
+    # each prompt: in the list of held-out prompts, and a row of the DSpark and of the text-quality per-prompt tables
+    assert all(md.count(f"`{p!r}`") == 3 and md.count(f"| `{p!r}` | ") == 2 for p in card["dspark"]["prompts"])
     assert card["model"]["bytes_on_disk"] == (ckpt / "model.safetensors").stat().st_size
     assert card["training"]["steps"] == 5 and card["training"]["last_logged_heldout_loss"] == pytest.approx(5.5)
     png = (ckpt / "loss_curve.png").read_bytes()
@@ -147,3 +170,61 @@ def test_drafter_phases_list_every_drafter_log_last_phase_last(tmp_path):
     assert [p["elapsed_s"] for p in got] == [2.0, 4.0, 30.0]
     assert [p["final_ce_mean_last10"] for p in got] == [6.0, 3.0, 3.0]     # the last ten steps only
     assert drafter_phases(tmp_path / "nothing") == []
+
+
+def test_the_prompts_are_speech_openings_of_the_held_out_works_only(card_inputs):
+    ckpt, _, _, held, card = card_inputs
+    text = Engine.load(checkpoint=ckpt).tokenizer.decode(held.tolist())
+    prompts = card["heldout_prompts"]["prompts"]
+    assert prompts == heldout_prompts(text, OPTS.prompts, OPTS.prompt_words)
+    assert len(prompts) == OPTS.prompts == 3 and len(set(prompts)) == 3
+    for p in prompts:  # a speaker's heading, then the speech's first words: from the held-out text, not the training
+        assert p in HELD and p not in TRAIN and p.count("\n") == 1 and len(p.split("\n")[1].split()) == 4
+    assert card["text_quality"]["prompts"] == prompts
+
+
+def test_bits_per_byte_equal_a_direct_computation(card_inputs):
+    ckpt, _, _, held, card = card_inputs
+    h = card["heldout"]
+    tok = Engine.load(checkpoint=ckpt).tokenizer
+    n = h["windows"]
+    targets = held[:n * (SEQ + 1)].reshape(n, SEQ + 1)[:, 1:]                              # [n, SEQ]
+    special = {0, 1}                                                                       # BOS, EOS spell no text
+    n_bytes = sum(len(tok.decode([t for t in w.tolist() if t not in special]).encode("utf-8")) for w in targets)
+    assert h["bytes"] == n_bytes > h["tokens"]                                            # words are several bytes
+    assert h["bits_per_byte"] == pytest.approx(h["loss"] * h["tokens"] / (math.log(2) * n_bytes), rel=1e-12)
+    assert h["unigram_bits_per_byte"] == pytest.approx(h["unigram_loss"] * h["tokens"] / (math.log(2) * n_bytes))
+
+
+def test_text_quality_is_remeasured_from_fresh_greedy_runs(card_inputs):
+    ckpt, _, train, _, card = card_inputs
+    q = card["text_quality"]
+    engine = Engine.load(checkpoint=ckpt)
+    tok = engine.tokenizer
+    letters = re.compile(r"[^\W\d_]+")   # runs of letters, any script (tests/test_text_quality.py pins it down)
+    known = {w.lower() for w in letters.findall(tok.decode(train.tolist()))}
+    assert q["new_tokens"] == OPTS.quality_tokens and q["ngram"] == 4 and list(q["runs"]) == ["off", "options"]
+    assert (q["runs"]["options"]["repetition_penalty"], q["runs"]["options"]["no_repeat_ngram"]) == (1.3, 3)
+    assert (q["runs"]["off"]["repetition_penalty"], q["runs"]["off"]["no_repeat_ngram"]) == (1.0, 0)
+    for name, options in (("off", {}), ("options", {"repetition_penalty": 1.3, "no_repeat_ngram": 3})):
+        run = q["runs"][name]
+        result = engine.generate([engine.encode(p) for p in q["prompts"]], max_new_tokens=OPTS.quality_tokens,
+                                 **options)
+        blank = tokens = words = known_words = 0
+        for row, ids in zip(run["per_prompt"], result.tokens):
+            assert row["text"] == tok.decode(ids) and row["tokens"] == len(ids) <= OPTS.quality_tokens
+            row_blank = sum(tok.token_text(t).isspace() for t in ids)
+            grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
+            assert row["whitespace_tokens"] == row_blank and row["ngrams"] == len(grams)
+            assert row["repeated_ngrams"] == len(grams) - len(set(grams))
+            row_words = [w.lower() for w in letters.findall(row["text"])]
+            assert row["words"] == len(row_words) and row["known_words"] == sum(w in known for w in row_words)
+            blank, tokens, words = blank + row_blank, tokens + len(ids), words + len(row_words)
+            known_words += row["known_words"]
+            if name == "options":  # no generated token completes a 3-gram seen before (the prompt's included)
+                seq = engine.encode(row["prompt"]) + ids
+                for j in range(len(seq) - len(ids), len(seq)):
+                    assert tuple(seq[j - 2:j + 1]) not in {tuple(seq[i:i + 3]) for i in range(j - 2)}, (j, seq)
+        assert run["tokens"] == tokens and run["whitespace_share"] == pytest.approx(blank / tokens)
+        assert run["words"] == words and run["known_word_share"] == pytest.approx(known_words / words)
+        assert run["fewest_words"] == min(r["words"] for r in run["per_prompt"])

@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from engine.training.card import readme_table
+from engine.training.card_render import readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

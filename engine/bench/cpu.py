@@ -60,17 +60,21 @@ def cpu_model() -> str:
 
 
 
+def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> None:
+    if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
+        raise InputError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
+    if prompt_len + new_tokens > args.max_seq_len:
+        raise InputError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
+                         f"max_seq_len of {args.max_seq_len}")
+
+
 def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int,
                 device: str, dtype: torch.dtype, options=None):
     """Check the bench sizes, then build a seeded random-init model in eval mode."""
     from ..model import Transformer, init_weights
     from ..parallel import shard_for_launch
     from ..speedups import prepare_for_inference
-    if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
-        raise InputError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
-    if prompt_len + new_tokens > args.max_seq_len:
-        raise InputError(f"bench: prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the model's "
-                         f"max_seq_len of {args.max_seq_len}")
+    check_sizes(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats)
     token_map = None
     if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
@@ -80,14 +84,17 @@ def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
 
 def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3,
               seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32, options=None,
-              budget: TraceBudget | None = None) -> BenchResult:
-    """Random-init model, random prompts, one prefill then new_tokens − 1 greedy decode steps, each done
-    twice (no trace / trace) on two caches. Tokens/s are medians per forward; the overhead is the median
-    ratio of traced to untraced time over the back-to-back pairs. The default budget is the Inspect page's
-    (every layer, attention facts, top-5 logits, the logit lens), and a traced forward includes each row's token
-    record (the lens's head matmuls come once, when the trace is first read: not per step)."""
-    model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
-                        seed=seed, device=device, dtype=dtype, options=options)
+              budget: TraceBudget | None = None, model=None) -> BenchResult:
+    """Random-init model (or `model`, a built one of these args: the shipped checkpoint, say), random prompts, one
+    prefill then new_tokens − 1 greedy decode steps, each done twice (no trace / trace) on two caches. Tokens/s
+    are medians per forward; the overhead is the median ratio of traced to untraced time over the back-to-back
+    pairs. The default budget is the Inspect page's (every layer, attention facts, top-5 logits, the logit lens),
+    and a traced forward includes each row's token record (the lens's head matmuls come once, when the trace is
+    first read: not per step)."""
+    if model is None:
+        model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+                            seed=seed, device=device, dtype=dtype, options=options)
+    check_sizes(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
     prefill = {False: [], True: []}
@@ -128,19 +135,26 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
 
 
 def _timed(model, tokens, cache, trace, step_pos=(0, 0)) -> tuple[float, torch.Tensor]:
-    """Seconds of one forward (with a trace: and the token record generation adds per row) and its logits."""
+    """Seconds of one forward (with a trace: and the token record generation adds per row, given the row's
+    logits [V] and its greedy token, which both sides pick untimed) and its logits [B, V]."""
     device = tokens.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    out = model(tokens, cache, trace=trace, logits="last").logits
-    if trace is not None:
-        step, pos = step_pos
-        for row, logits in enumerate(out[:, -1]):  # [V]: top-k logits and the greedy token's log-probability
-            trace.record_token(row, pos, int(logits.argmax()), "", step=step, step_time_s=0.0, logits=logits)
+    out = model(tokens, cache, trace=trace, logits="last").logits                  # [B, V]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t0, out
+    seconds = time.perf_counter() - t0
+    if trace is not None:
+        step, pos = step_pos
+        chosen = out.argmax(-1).tolist()
+        t0 = time.perf_counter()
+        for row, logits in enumerate(out):  # top-k logits and the greedy token's log-probability
+            trace.record_token(row, pos, chosen[row], "", step=step, step_time_s=0.0, logits=logits)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds += time.perf_counter() - t0
+    return seconds, out
 
 
 def compiled_decode_rates(args: ModelArgs, *, batch: int = 1, prompt_len: int = 32, steps: int = 31, seed: int = 0,

@@ -7,8 +7,8 @@ from ..spec.errors import InputError
 from .arg_checks import check_at_most
 from .run_args import add_config_options, apply_threads, config_from_args
 
-HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, Engram gates, DSpark, samples) " \
-       "and write MODEL_CARD.md, card.json and loss_curve.png into it"
+HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, Engram gates, DSpark and greedy " \
+       "text quality on held-out prompts, samples) and write MODEL_CARD.md, card.json and loss_curve.png into it"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,22 +23,28 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..training.card import CardOptions, build_card, readme_table
+    from ..model.sampling import check_repetition
+    from ..training.card import CardOptions, build_card
+    from ..training.card_render import dspark_runs, readme_table
 
-    for name in ("seq", "windows", "batch", "new_tokens", "repeats"):
+    for name in ("seq", "windows", "batch", "repeats", "prompts", "quality_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.new_tokens < 2:  # the first token comes from the prefill: decode speed needs a second one
+        raise InputError(f"--new-tokens must be at least 2 (decode speed is measured after the first token), "
+                         f"got {args.new_tokens}")
+    check_repetition(args.repetition_penalty, args.no_repeat_ngram, names=("--repetition-penalty", "--no-repeat-ngram"))
     apply_threads(args.threads)
     opts = config_from_args(CardOptions, args)
     check_lengths(args)
     card = build_card(Path(args.checkpoint), Path(args.data), opts)
     h = card["heldout"]
     print(f"held-out loss {h['loss']:.3f} (ppl {h['perplexity']:.1f}) vs unigram {h['unigram_loss']:.3f} "
-          f"(ppl {h['unigram_perplexity']:.1f}); worst max load violation "
+          f"(ppl {h['unigram_perplexity']:.1f}); {h['bits_per_byte']:.3f} bits per byte; worst max load violation "
           f"{card['expert_balance']['max_violation']:.3f}")
     if card["dspark"]:
         print("DSpark mean accepted length " + json.dumps({k: round(card['dspark'][k]['mean_accepted_length'], 3)
-                                                            for k in ('T=0', 'T=1')}))
+                                                            for k in dspark_runs(card['dspark'])}))
     print(f"wrote {Path(args.checkpoint) / 'MODEL_CARD.md'}, card.json, loss_curve.png; the README's table:")
     print(readme_table(card), end="")
     return 0
@@ -56,3 +62,4 @@ def check_lengths(args: argparse.Namespace) -> None:
     max_seq_len = load_config(config).max_seq_len
     check_at_most(args.seq, max_seq_len, "--seq", "the checkpoint's max_seq_len")
     check_at_most(args.new_tokens, max_seq_len - 1, "--new-tokens", "the checkpoint's max_seq_len - 1")
+    check_at_most(args.quality_tokens, max_seq_len - 1, "--quality-tokens", "the checkpoint's max_seq_len - 1")

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dspark", action="store_true", help="decode speculatively with the DSpark drafter")
     parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="all",
                         help="with --dspark: verify all drafts, cut at a confidence threshold, or the load-aware "
-                             "scheduler (Alg. 1) with this machine's profiled throughput table (default all)")
+                             "scheduler (Alg. 1) with this machine's profiled throughput table, which also decodes "
+                             "plainly while drafting does not pay (default all)")
     parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
     parser.add_argument("--kernels", choices=("torch", "triton"), default="torch",
                         help="triton: the fused Triton kernels for mHC seams, router, routed experts and Engram "
@@ -162,6 +163,9 @@ def generate_text(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if dspark is not None:
         print("\n".join(res.metrics.lines()), file=sys.stderr)
+        if res.plain_steps:
+            print(f"  and {res.plain_steps} plain steps (no draft: the auto schedule judged drafting not to pay)",
+                  file=sys.stderr)
     if trace is not None and is_main_process():  # every rank records the same trace; rank 0 writes it
         trace.save(args.trace)
         omitted = ", ".join(f"{k} {v}" for k, v in sorted(trace.omitted.items())) or "nothing"

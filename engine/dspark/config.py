@@ -9,12 +9,15 @@ from typing import Callable
 import torch
 
 from ..spec.errors import InputError
-from .profile import load_or_profile, table_path
+from .calibration import OnlineCalibration
+from .fallback import PlainFallback
+from .profile import load_or_profile, stored_table, table_path
 from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
 
 # schedule name -> what it verifies (the CLI's --schedule choices and the app's selector)
 SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
-             "auto": "DSpark Alg. 1: maximise expected tokens/s (profiles this machine once)"}
+             "auto": "DSpark Alg. 1: maximise expected tokens/s, or decode plainly while drafting does not pay "
+                     "(profiles this machine once)"}
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,8 @@ class DSparkConfig:
     threshold: float = 0.5             # for "threshold": cut before the first draft with c_k below it
     sps: ThroughputTable | None = None  # for "auto": steps per second by batch tokens
     early_stop: bool = True            # for "auto": the paper's online form; False = global search
+    plain_fallback: bool = True        # for "auto": decode plainly while drafting does not pay (PlainFallback)
+    calibrate: bool = True             # for "auto": scale confidences by the run's verdicts (OnlineCalibration)
     # Sequential Temperature Scaling: c_k = sigmoid(z_k / t_k), one t per draft position, fitted per deployment
     # on held-out data (the production values are not published). None = raw sigmoid(z_k).
     confidence_temperature: tuple[float, ...] | None = None
@@ -42,7 +47,8 @@ class DSparkConfig:
     def from_settings(cls, schedule: str, threshold: float = 0.5, model=None,
                       on_profiled: Callable[[Path], None] | None = None) -> DSparkConfig:
         """The config a user's settings name. "auto" needs the model: its steps/s table for this machine is
-        loaded, or profiled once and stored (then on_profiled(path) is called)."""
+        loaded, or profiled (once, and again after a change of the model or the engine code) and stored (then
+        on_profiled(path) is called)."""
         sps = None
         if schedule == "auto":
             if model is None:
@@ -50,7 +56,7 @@ class DSparkConfig:
             if getattr(model, "world", None) is not None:  # each rank would profile alone, and schedule differently
                 raise InputError("DSpark schedule 'auto' profiles one process; a torchrun launch uses 'all' or "
                                  "'threshold'")
-            fresh = not table_path(model).exists()
+            fresh = stored_table(model) is None
             sps = load_or_profile(model)
             if fresh and on_profiled is not None:
                 on_profiled(table_path(model))
@@ -65,10 +71,25 @@ class DSparkConfig:
                              f"drafter proposes {gamma} tokens (dspark_block_size)")
         return torch.tensor(self.confidence_temperature, dtype=torch.float32)
 
-    def lengths(self, confidence: torch.Tensor) -> list[int]:
-        """Drafts to verify per request, from confidences [R, γ]."""
+    def fallback(self) -> PlainFallback | None:
+        """A run's state for the auto schedule's plain steps (engine.dspark.fallback.PlainFallback), or None: other
+        schedules, plain_fallback off, or a table without the drafter's costs always draft."""
+        if self.schedule != "auto" or not self.plain_fallback or not self.sps.draft_rows:
+            return None
+        return PlainFallback(self.sps)
+
+    def calibration(self, gamma: int) -> OnlineCalibration | None:
+        """A run's online calibration of the confidences the auto schedule reads, or None: other schedules,
+        calibrate off, or a table without the drafter's costs (one made by hand: the paper's Alg. 1 on the raw
+        confidences; a profiled table brings the calibration and the plain steps it judges with)."""
+        if self.schedule != "auto" or not self.calibrate or not self.sps.draft_rows:
+            return None
+        return OnlineCalibration(gamma)
+
+    def lengths(self, confidence: torch.Tensor, least: int = 0) -> list[int]:
+        """Drafts to verify per request, from confidences [R, γ]; at least `least` each."""
         if self.schedule == "all":
             return schedule_all(confidence)
         if self.schedule == "threshold":
-            return schedule_threshold(confidence, self.threshold)
-        return schedule_throughput(confidence, self.sps, early_stop=self.early_stop)
+            return [max(least, ell) for ell in schedule_threshold(confidence, self.threshold)]
+        return schedule_throughput(confidence, self.sps, early_stop=self.early_stop, least=least)

@@ -7,7 +7,7 @@ import torch
 
 from ..model.draft import DraftContext, draft_hidden
 from ..model.interventions import NONE
-from ..model.sampling import SamplingParams, draw, probabilities
+from ..model.sampling import SamplingParams, apply_history_rules, draw, probabilities
 from .drafter_cache import DrafterCache
 
 
@@ -32,11 +32,12 @@ class Draft:
 
 
 def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
-          generators: list, trace=None, interventions=None) -> Draft:
+          generators: list, trace=None, interventions=None, histories=None) -> Draft:
     """Draft γ tokens after each row's anchor. The anchor sits at position rings.pos[row]; the rings hold the
     target features of every earlier committed position. rows [B] cache rows, anchors [B] token ids.
     (engine.graphs.GraphedDrafter runs the same two halves, draft_forward from static buffers.) interventions: an
-    engine.model.interventions.Interventions; the drafter applies its drop-stage ones."""
+    engine.model.interventions.Interventions; the drafter applies its drop-stage ones. histories: each row's tokens
+    up to its anchor, for params' history rules (markov_drafts)."""
     a = model.args
     gamma, dev = a.dspark_block_size, model.device
     rows = torch.as_tensor(rows, dtype=torch.long).cpu()
@@ -46,7 +47,7 @@ def draft(model, rings: DrafterCache, rows: torch.Tensor, anchors: torch.Tensor,
     ctx = DraftContext(rows=rows, positions=positions.to(dev), rings=ring_rows, ring_index=ring_index,
                        quant_sim=model.options.quant_sim, trace=trace, interventions=interventions or NONE)
     hidden, base = draft_forward(model, ids.to(dev), ctx)
-    tokens, q, z = markov_drafts(model.mtp[-1], base, hidden, ids[:, 0].to(dev), params, generators)
+    tokens, q, z = markov_drafts(model.mtp[-1], base, hidden, ids[:, 0].to(dev), params, generators, histories)
     return Draft(tokens.cpu(), q, z.float().cpu())
 
 
@@ -67,19 +68,27 @@ def draft_forward(model, ids: torch.Tensor, ctx: DraftContext) -> tuple[torch.Te
 
 
 def markov_drafts(last, base: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor, params: SamplingParams,
-                  generators: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                  generators: list, histories=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The Markov head left to right over base [B, γ, V] → (tokens [B, γ], q [B, γ, V] or None when greedy,
     raw confidence logits z [B, γ]), on the model's device. anchors [B] precede draft 1. Greedy runs no host
-    read (it is captured with the forward); sampling draws with the per-row host-seeded generators."""
+    read (it is captured with the forward); sampling draws with the per-row host-seeded generators.
+    histories (per row: its tokens up to the anchor): with params' history rules (repetition penalty, no-repeat
+    n-gram) each draft is proposed as the target will judge it, after the history and the drafts before it; the
+    verifier stays exact either way, the rules only raise the acceptance."""
     prev = anchors
     tokens, qs, zs = [], [], []
+    rules = histories is not None and params.uses_history
     for k in range(base.size(1)):
         # the Markov head makes draft k depend on the token actually drafted before it
         e, bias = last.markov_head(prev)                                     # [B, r], [B, V]
+        logits = base[:, k] + bias                                           # [B, V]
+        if rules:
+            drafted = torch.stack(tokens, 1).tolist() if tokens else [[] for _ in histories]
+            logits = apply_history_rules(logits, [list(h) + d for h, d in zip(histories, drafted)], params)
         if params.greedy:  # q is the one-hot argmax: keep the ids only
-            x, q = (base[:, k] + bias).argmax(-1), None
+            x, q = logits.argmax(-1), None
         else:
-            q = probabilities(base[:, k] + bias, params)                     # [B, V]
+            q = probabilities(logits, params)                                # [B, V]
             x = draw(q, generators)
         zs.append(last.confidence_head(hidden[:, k], e))
         tokens.append(x)

@@ -25,6 +25,8 @@ class DrafterCache:
         self.high_water = torch.zeros(batch_size, dtype=torch.long)
         self.rings = {st.attn.layer: torch.zeros(batch_size, self.slots, args.head_dim, dtype=model.dtype,
                                                  device=model.device) for st in model.mtp}
+        self.deferred: dict[int, list[torch.Tensor]] = {}   # row → taps [1, s, n_taps·dim] not yet in its rings
+        self.skipped: dict[int, int] = {}                    # row → deferred positions dropped (never read)
 
     def _rows(self, rows) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
@@ -32,9 +34,16 @@ class DrafterCache:
             raise InputError(f"rows {rows.tolist()} outside the drafter cache's 0..{self.batch_size - 1}")
         return rows
 
+    def _current(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows, refused if one of them has deferred taps (its rings lag behind pos until catch_up)."""
+        if self.deferred and any(r in self.deferred for r in rows.tolist()):
+            raise InputError(f"drafter rows {sorted(set(rows.tolist()) & set(self.deferred))} have deferred taps: "
+                             "catch_up first")
+        return rows
+
     def append(self, model, taps: torch.Tensor, rows) -> None:
         """Take the target's taps [B, S, n_taps·dim] for positions pos[row] .. pos[row] + S − 1 of each row."""
-        rows = self._rows(rows)
+        rows = self._current(self._rows(rows))
         B, S, _ = taps.shape
         if rows.numel() != B:
             raise InputError(f"append: {B} rows of taps for {rows.numel()} cache rows")
@@ -49,9 +58,31 @@ class DrafterCache:
         self.pos[rows] += S
         self.high_water[rows] = torch.maximum(self.high_water[rows], self.pos[rows])
 
+    def defer(self, taps: torch.Tensor, rows) -> None:
+        """Keep the taps [B, S, n_taps·dim] of positions pos[row] .. pos[row] + S − 1 for catch_up: a plain step's
+        (the auto schedule's fallback), which no draft reads before the next drafting step, whose catch_up then
+        writes them in one append. Only the newest `slots` positions of a row are kept: the older ones would be
+        overwritten by that append and are never read or restored."""
+        rows = self._rows(rows)
+        if rows.numel() != taps.size(0):
+            raise InputError(f"defer: {taps.size(0)} rows of taps for {rows.numel()} cache rows")
+        for i, r in enumerate(rows.tolist()):
+            held = self.deferred.setdefault(r, [])
+            held.append(taps[i:i + 1])
+            while sum(t.size(1) for t in held) - held[0].size(1) >= self.slots:
+                self.skipped[r] = self.skipped.get(r, 0) + held.pop(0).size(1)
+
+    def catch_up(self, model, rows) -> None:
+        """Append the deferred taps of these rows (a no-op for rows without any); read() and rollback() need it."""
+        for r in self._rows(rows).tolist():
+            held = self.deferred.pop(r, None)
+            if held is not None:
+                self.pos[r] += self.skipped.pop(r, 0)
+                self.append(model, torch.cat(held, 1), [r])
+
     def rollback(self, pos, rows) -> None:
         """Forget the features of positions >= pos (per row); ring slots of older positions are untouched."""
-        rows = self._rows(rows)
+        rows = self._current(self._rows(rows))
         target = torch.as_tensor(pos, dtype=torch.long).cpu().expand(rows.shape)
         for b, r in enumerate(rows.tolist()):
             t = int(target[b])
@@ -65,7 +96,7 @@ class DrafterCache:
     def read(self, rows) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
         """(rings {layer: [B, slots, D]}, ring_index [B, window]) for rows whose next position is pos[row]:
         the slots of positions pos − window .. pos − 1 (−1 before the sequence start)."""
-        rows = self._rows(rows)
+        rows = self._current(self._rows(rows))
         index = self.ring_index(rows)
         dev = next(iter(self.rings.values())).device
         return {layer: ring[rows.to(dev)] for layer, ring in self.rings.items()}, index.to(dev)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..dspark.config import DSparkConfig
-from ..dspark.drafter import draft
+from ..dspark.drafter import Draft, draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
 from ..dspark.verify import verify, verify_greedy
@@ -45,10 +45,13 @@ class SpeculativeResult(GenerationResult):
     target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
     graphed_forwards: int = 0          # of those, verify forwards run by the GraphedDecoder (cuda_graphs)
     graphed_drafts: int = 0            # draft steps run by the GraphedDrafter (cuda_graphs: every step)
+    plain_steps: int = 0               # decode steps without a draft (the auto schedule's fallback): not in
+    plain_s: float = 0.0               # steps nor target_forwards; their seconds are in decode_s and here
 
     @property
     def metrics(self) -> DSparkMetrics:
-        return summarize(self.steps, self.target_forwards, self.decode_s)
+        """The DSpark steps' aggregates (plain steps left out)."""
+        return summarize(self.steps, self.target_forwards, self.decode_s - self.plain_s)
 
 
 Verifier = Callable[..., object]
@@ -66,6 +69,8 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     """Same contract as engine.generation.plain.generate (row i samples with seed + i; tokens, finish reasons), with
     every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
     emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
+    With the auto schedule and a profiled table, a step may be a plain step instead (no draft, one token per
+    row) while the drafter's confidence says drafting does not pay (engine.dspark.fallback.PlainFallback).
 
     cuda_graphs: each step's target verify forward goes through an engine.graphs.GraphedDecoder (a CUDA
     graph per batch bucket on a GPU; on the CPU the same static body runs eagerly). A graph has a fixed
@@ -83,7 +88,8 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     repetition_penalty / no_repeat_ngram (engine.model.sampling.apply_history_rules) process the target's logits
     at every verified position with the history that position has if the drafts before it are accepted (prompt,
     committed tokens, those drafts), so verification compares the drafts with exactly what plain decoding under
-    the same options would choose or sample there; the drafter proposes from its own unprocessed distribution."""
+    the same options would choose or sample there. The drafter applies them too, draft by draft (for acceptance
+    only; with cuda_graphs its drafts then come from the eager drafter)."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
         raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
@@ -132,6 +138,8 @@ class _Speculation:
         if cuda_graphs:
             from ..graphs import GraphedDrafter
             self.drafter = GraphedDrafter(model, self.rings, scratch_row=n)
+        self.fallback = None if cuda_graphs else cfg.fallback()   # auto: plain steps while drafting does not pay
+        self.calibration = cfg.calibration(self.gamma)            # auto: confidences scaled by the run's verdicts
         self.res = SpeculativeResult.for_prompts(prompts)
         self.out = Emitter(self.res, max_new, self.args.max_seq_len, stop_tokens, trace, token_text, on_token)
         self.active: list[int] = []
@@ -181,18 +189,28 @@ class _Speculation:
         anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
         anchors = torch.tensor([self.anchors[r] for r in active])
         gens = [self.gens[r] for r in active]
+        if self.fallback is not None and not self.fallback.drafts():
+            return self._plain_step(rows, anchor_pos, anchors, t0)
+        t_catch = time.perf_counter()
+        self.rings.catch_up(model, rows)                                       # the taps plain steps deferred
+        owed = time.perf_counter() - t_catch                                   # plain steps' work, not this step's
         try:
-            if self.drafter is not None:
+            if self.drafter is not None and not self.params.uses_history:  # the graph drafts without the rules
                 d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
                 self.res.graphed_drafts += 1
             else:
-                d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace, self.interventions)
+                histories = [self.prompts[r] + self.res.tokens[r] for r in active] if self.params.uses_history \
+                    else None
+                d = draft(model, self.rings, rows, anchors, self.params, gens, self.trace, self.interventions,
+                          histories)
         except NonFiniteLogitsError as e:  # a sampled draft's distribution
             raise NonFiniteLogitsError(f"DSpark step {self.n_steps} (the drafter's sampling): {e}") from None
         check_finite_logits(d.confidence_logits, lambda i: f"of the DSpark drafter's confidence head at step "
                                                            f"{self.n_steps} (row {active[i]})")
-        conf = d.confidence(self.temperature)                                  # [A, γ]
-        lengths = self._capped(self.cfg.lengths(conf), anchor_pos)
+        raw = d.confidence(self.temperature)                                   # [A, γ]
+        conf = raw if self.calibration is None else self.calibration(raw)
+        # with plain steps to fall back on, a step that drafted verifies at least its first draft
+        lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None)), anchor_pos)
         width = max(lengths) + 1
         logits, taps = self._target_forward(rows, anchors, d.tokens, width)
         check_finite_logits(logits, lambda i: f"in the verify forward of DSpark step {self.n_steps} (row {active[i]}, "
@@ -200,13 +218,45 @@ class _Speculation:
         self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
         self.res.target_forwards += 1
         verdicts = self._verify(d, lengths, logits)
+        accepted = [v.accepted for _, v in verdicts]
+        if self.calibration is not None:
+            self.calibration.update(raw, lengths, accepted)
         keep = anchor_pos + 1 + torch.tensor([v.accepted for _, v in verdicts])  # committed: anchor + accepted
         self.cache.rollback(keep, rows)
         self.rings.rollback(keep, rows)
         dt = elapsed(t0, dev)
         self.res.decode_s += dt
         self.res.step_times.append(dt)
+        if self.fallback is not None:  # did drafting pay? (else the next steps are plain)
+            self.fallback.judge(conf, lengths, accepted, dt - owed)
         self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
+
+    def _plain_step(self, rows, anchor_pos, anchors, t0) -> None:
+        """A step without a draft (engine.dspark.fallback.PlainFallback): the anchors alone through the target,
+        their taps deferred to the drafter's next catch-up, the next token the verifier picks with no drafts
+        (plain decoding's choice: the argmax, or a draw from the target's distribution). No DSpark step record."""
+        model, A = self.model, len(self.active)
+        logits, taps = self._target_forward(rows, anchors, anchors.new_zeros(A, 0), 1)   # [A, 1, V]
+        check_finite_logits(logits, lambda i: f"in plain step {self.n_steps} of the DSpark run (row "
+                                              f"{self.active[i]}, position {int(anchor_pos[i])})")
+        self.rings.defer(taps, rows)
+        no_draft = Draft(torch.zeros(A, 0, dtype=torch.long), None if self.params.greedy else
+                         logits.new_zeros(A, 0, logits.size(-1)), torch.zeros(A, 0))
+        verdicts = self._verify(no_draft, [0] * A, logits)
+        dt = elapsed(t0, model.device)
+        self.fallback.plain_step(A, dt)
+        self.res.decode_s += dt
+        self.res.plain_s += dt
+        self.res.plain_steps += 1
+        self.res.step_times.append(dt)
+        still = []
+        for i, r in enumerate(self.active):
+            p, v = verdicts[i]
+            if self.out.emit(r, int(anchor_pos[i]) + 1, v.token, self.n_steps, dt, logits[i, 0],
+                             1.0 if p is None else float(p[0, v.token])):
+                self.anchors[r] = v.token
+                still.append(r)
+        self.active = still
 
     def _target_forward(self, rows, anchors, drafts, width: int):
         """The verify forward of [anchor, drafts…] per row → (logits [A, w, V], taps [A, w, n_taps·dim]).

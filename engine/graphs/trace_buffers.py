@@ -11,9 +11,9 @@ class TraceBuffers:
     field; freeze() then moves them into one flat device tensor per dtype, at fixed addresses, so that later
     runs (and graph replays) only copy into them and the host reads a step back with one copy per dtype.
 
-    Covered record kinds: moe, mhc, engram, attention for the paths in `attention_paths`, and the logit lens's
-    read-outs for the layers in `lens_paths` (both chosen at capture: a trace that wants other layers gets its
-    own graph). The body's rows/positions arguments are ignored; emit() supplies the host's own.
+    Covered record kinds: moe, mhc (either form), engram, attention for the paths in `attention_paths`, and the
+    logit lens's read-outs for the layers in `lens_paths` (both chosen at capture: a trace that wants other layers
+    gets its own graph). The body's rows/positions arguments are ignored; emit() supplies the host's own.
     """
 
     def __init__(self, attention_paths=(), lens_paths=()):
@@ -34,8 +34,11 @@ class TraceBuffers:
             raise InputError("static decode has no image tokens: a vision mask reached the trace buffers")
         self._put(("moe", path, ""), (ids, weights, scores))
 
-    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
-        self._put(("mhc", path, site), (pre, post, comb, row_err, col_err))
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err=None, col_err=None) -> None:
+        self._put(("mhc", path, site), (pre, post, comb) if row_err is None else (pre, post, comb, row_err, col_err))
+
+    def record_mhc_mix(self, path, site, rows, positions, pre, mix) -> None:
+        self._put(("mhc_mix", path, site), (pre, mix))
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
         self._put(("engram", path, ""), (compressed_ids, row_ids, gates))
@@ -47,7 +50,9 @@ class TraceBuffers:
     def wants_lens(self, path: str) -> bool:
         return path in self.lens_paths
 
-    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout) -> None:
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, norm=None) -> None:
+        if norm is not None:  # (engine.model.lens_reads reads a static body's layers out one at a time, normed)
+            raise RuntimeError("the static decode body recorded a lens read-out before the final norm")
         if path in self.lens_paths:
             self.lens_readout = readout
             self._put(("lens", path, ""), (hidden, rms_in, rms_out))
@@ -103,6 +108,8 @@ class TraceBuffers:
                 trace.record_moe(path, rows, positions, *f, None)
             elif kind == "mhc":
                 trace.record_mhc(path, site, rows, positions, *f)
+            elif kind == "mhc_mix":
+                trace.record_mhc_mix(path, site, rows, positions, *f)
             elif kind == "engram":
                 trace.record_engram(path, rows, positions, *f)
             elif kind == "lens":

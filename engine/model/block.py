@@ -8,7 +8,7 @@ from ..spec.roles import family_roles
 from .attention import Attention
 from .context import ForwardContext
 from .engram import Engram
-from .mhc import collapse, expand, hc_mixes, sinkhorn, stochastic_error
+from .mhc import collapse, expand, hc_mixes, sinkhorn
 from .moe import MoE
 from .norm import RMSNorm
 
@@ -46,8 +46,7 @@ class Block(nn.Module):
             comb = torch.where(pinned[..., None, None], torch.eye(self.hc, dtype=comb.dtype, device=comb.device), comb)
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
-            row_err, col_err = stochastic_error(comb)
-            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
+            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb)   # the trace derives the residuals
         return pre, post, comb
 
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx: ForwardContext):

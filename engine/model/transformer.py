@@ -18,10 +18,11 @@ from .context import ForwardContext
 from .draft import DraftStage, MTPStage
 from .engram import DEAD, NgramRows
 from .interventions import Interventions
+from .lens_reads import LensReads
 from .linear import Linear
 from .mhc import HCHead, collapse
 from .moe import MoE
-from .norm import RMSNorm, upcast
+from .norm import RMSNorm
 from .options import EngineOptions
 
 
@@ -161,8 +162,7 @@ class Transformer(HCHead):
         pre[..., 0] = 1.0                                                      # layer 0 collapses stream 0
         replay_from = max(a.kv_source_layers) + 1 if self.options.bounded_replay and S > a.window_size else None
         taps = []
-        lens = self.records_lens(ctx.trace)
-        x = None   # the last layer's read-out, when the lens made it
+        lens = LensReads(self, B * S, ctx) if self.records_lens(ctx.trace) else None
         for i, layer in enumerate(self.layers):
             if i == replay_from:  # spec §5: later layers only over the last window tokens (approximate)
                 W = a.window_size
@@ -175,8 +175,9 @@ class Transformer(HCHead):
                 taps.append(h.mean(2))
             h_in = h
             h, pre = layer(h, pre, ctx)
-            x = self.record_lens(layer.path, h_in, h, pre, ctx) if lens and ctx.trace.wants_lens(layer.path) else None
-        x = self.readout(h, pre) if x is None else x   # the lens's last read-out is the logits' input itself
+            if lens is not None:
+                lens.add(layer.path, h_in, h, pre, ctx)
+        x = self.readout(h, pre) if lens is None else lens.finish(h, pre, ctx)   # (the lens's last read-out, if made)
         if logits == "last":
             x = x[:, -1]
         return ForwardOutput(self.vocab_logits(x), torch.cat(taps, -1) if taps else None)
@@ -189,22 +190,11 @@ class Transformer(HCHead):
 
     # ---- logit lens -------------------------------------------------------------------------------
     def records_lens(self, trace) -> bool:
-        """Whether this forward may record the logit lens (at each layer where trace.wants_lens): with a trace that
-        takes it (a stand-in without wants_lens does not), and a head that is this process's own. Under
-        torch.distributed the vocabulary-parallel head gathers across ranks, a collective that the rank reading
-        its trace would run alone: there the lens is not recorded."""
+        """Whether this forward may record the logit lens (at each layer where trace.wants_lens; see
+        engine.model.lens_reads): with a trace that takes it (a stand-in without wants_lens does not), and a head
+        that is this process's own. Under torch.distributed the vocabulary-parallel head gathers across ranks, a
+        collective that the rank reading its trace would run alone: there the lens is not recorded."""
         return hasattr(trace, "wants_lens") and getattr(self, "world", None) is None
-
-    def record_lens(self, path: str, h_in: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, ctx) -> torch.Tensor:
-        """Record a layer's logit lens (its output streams h read out as the model reads out its last layer) and
-        the RMS of its input and output streams h_in, h [B, S, hc, dim]; returns the read-out [B, S, dim]."""
-        x = self.readout(h, pre)
-        scale = h.size(-1) ** -0.5
-        rms_in = torch.linalg.vector_norm(upcast(h_in), dim=-1) * scale                   # [B, S, hc]
-        rms_out = torch.linalg.vector_norm(upcast(h), dim=-1) * scale
-        rows, pos = ctx.trace_rows()
-        ctx.trace.record_lens(path, rows, pos, x, rms_in, rms_out, self.lens_logits)
-        return x
 
     def lens_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Recorded read-outs [N, dim] (on the host) → logits [N, V] (fp32): the head the trace resolves the

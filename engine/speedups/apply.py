@@ -7,7 +7,7 @@ from torch import nn
 from ..model.attention import Attention
 from ..model.block import Block
 from ..model.compressor import Compressor
-from ..model.draft import DraftStage
+from ..model.draft import DraftAttention, DraftStage, MarkovHead
 from ..model.engram import Engram
 from ..model.indexer import Indexer
 from ..model.linear import Linear
@@ -19,6 +19,7 @@ from ..spec.errors import InputError
 from .fast_attention import FastAttention
 from .fast_block import FastBlock, FastDraftStage
 from .fast_compressor import FastCompressor
+from .fast_draft import FastDraftAttention, FastMarkovHead
 from .fast_gate import FastGate
 from .fast_head import FastTransformer
 from .fast_indexer import FastIndexer
@@ -33,8 +34,8 @@ BACKENDS = ("torch", "triton")
 # reference class → its PyTorch speed path (same parameters; exact types only, so that a class another transform
 # chose, e.g. engine.parallel's, is left alone)
 FAST_CLASSES = {Transformer: FastTransformer, Block: FastBlock, DraftStage: FastDraftStage, RMSNorm: FastRMSNorm,
-                Linear: FastLinear, Attention: FastAttention, Compressor: FastCompressor, Indexer: FastIndexer,
-                Gate: FastGate}
+                Linear: FastLinear, Attention: FastAttention, DraftAttention: FastDraftAttention,
+                MarkovHead: FastMarkovHead, Compressor: FastCompressor, Indexer: FastIndexer, Gate: FastGate}
 # PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
 KERNEL_CLASSES = {Block: KernelBlock, FastBlock: KernelBlock, DraftStage: KernelDraftStage,
                   FastDraftStage: KernelDraftStage, Gate: KernelGate, FastGate: KernelGate, FastMoE: KernelMoE,
@@ -55,11 +56,12 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
 
 
 def apply_speedups(model: nn.Module) -> nn.Module:
-    """The PyTorch speed paths, in place: every reference MoE becomes a FastMoE (dense, gathered or sorted
-    experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op and the
-    head is read in fp32 without a per-step conversion (FAST_CLASSES); every block's Sinkhorn runs in numpy
-    on the CPU. Same parameters and state dict, same results up to float rounding, same trace calls; with
-    autograd on, the reference code runs. Idempotent; returns `model`."""
+    """The PyTorch speed paths, in place: every reference MoE becomes a FastMoE (dense, gathered, by expert or
+    sorted experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op, the
+    head is read in fp32 without a per-step conversion, the drafter's attention and Markov head take the few-token
+    forms of a decode step (FAST_CLASSES); every block's Sinkhorn runs in numpy on the CPU. Same parameters and
+    state dict, same results up to float rounding, same trace calls; with autograd on, the reference code runs.
+    Idempotent; returns `model`."""
     for module in model.modules():
         if type(module) is MoE:
             FastMoE.adopt(module)

@@ -1,4 +1,4 @@
-"""mHC seams in fewer ops: one fused mixes step, a Python-float Sinkhorn for one token, collapse/expand as matmuls."""
+"""mHC seams in fewer ops: one fused mixes step, a Python-float Sinkhorn for few tokens, collapse/expand as matmuls."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model.mhc import stochastic_error
 from .casts import cast
 from .derived import derived
 from .sinkhorn import fast_sinkhorn, scalar_sinkhorn
@@ -32,6 +31,8 @@ class Seam:
         return self.mix[..., :-1].transpose(-1, -2)                           # [B, S, a, b]
 
 
+# calls of at most this many tokens on the CPU compute their mixes on Python floats (_few_tokens)
+FEW_TOKENS = 8
 # a site's parameter names, looked up in the block's parameter dict (nn.Module.__getattr__ is slow at this rate)
 SITE_PARAMS = {site: tuple(f"hc_{site}_{k}" for k in ("fn", "scale", "base")) for site in ("attn", "ffn")}
 
@@ -39,13 +40,13 @@ SITE_PARAMS = {site: tuple(f"hc_{site}_{k}" for k in ("fn", "scale", "base")) fo
 def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
     """xf [B, S, hc, D] (fp32, or float64) → the site's Seam: engine.model.mhc.hc_mixes up to float rounding.
     The RMS statistic scales the input instead of the projection (F.rms_norm, one op) and scale and base act on
-    the whole mixes vector at once; for one token on the CPU everything after the projection runs on Python
-    floats (RMS factor, sigmoids and the unrolled Sinkhorn), packed back into one tensor."""
+    the whole mixes vector at once; for a few tokens on the CPU everything after the projection runs on Python
+    floats (RMS factors, sigmoids and the unrolled Sinkhorn), packed back into one tensor."""
     B, S, hc, D = xf.shape
     fn, scale, base = (block._parameters[name] for name in SITE_PARAMS[site])
     flat = xf.view(B, S, hc * D)                                              # [B, S, hc·D]
-    if B * S == 1 and xf.device.type == "cpu" and not sync_free_active():
-        return _one_token(block, flat, fn, scale, base, site, hc)
+    if B * S <= FEW_TOKENS and xf.device.type == "cpu" and not sync_free_active():
+        return _few_tokens(block, flat, fn, scale, base, site, hc)
     mixes = F.linear(F.rms_norm(flat, (hc * D,), None, block.norm_eps), fn)   # [B, S, 2hc + hc²]
     # scale[0] on the pre entries, scale[1] on post, scale[2] on the hc² comb logits
     full = derived(block).get(f"{site}.scale", (scale,), lambda: torch.cat(
@@ -58,22 +59,26 @@ def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
     return Seam(pre, mix)
 
 
-def _one_token(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) -> Seam:
-    """seam_mixes for a single token: the projection and the input's norm as two ops, read once, the rest on
-    Python floats; one tensor back holding pre, then mix row by row."""
+def _few_tokens(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) -> Seam:
+    """seam_mixes for a few tokens (a decode step, a DSpark verify block): the projection and the inputs' norms
+    as two ops, read once, the rest on Python floats token by token (a 4×4 Sinkhorn costs ~30 µs so, against
+    ~120 numpy or torch ops for any number of tokens); one tensor back holding every pre, then every mix."""
+    B, S, width = flat.shape
     s_pre, s_post, s_comb, b = derived(block).get(f"{site}.lists", (scale, base), lambda: (*scale.tolist(),
                                                                                            base.tolist()))
-    norm = torch.linalg.vector_norm(flat).item()
-    r = 1.0 / math.sqrt(norm * norm / flat.size(-1) + block.norm_eps)        # rsqrt(mean(x²) + eps)
-    m = F.linear(flat, fn).view(-1).tolist()                                  # 2hc + hc² mixes, before the RMS factor
-    eps = block.hc_eps
-    pre = [_sigmoid(m[i] * r * s_pre + b[i]) + eps for i in range(hc)]
-    post = [2 * _sigmoid(m[i] * r * s_post + b[i]) for i in range(hc, 2 * hc)]
-    comb = scalar_sinkhorn(hc)([m[i] * r * s_comb + b[i] for i in range(2 * hc, 2 * hc + hc * hc)], block.iters, eps)
-    mix = [v for e in range(hc) for v in (*comb[e::hc], post[e])]           # row e: column e of comb, then post_e
+    norms = torch.linalg.vector_norm(flat, dim=-1).view(-1).tolist()        # [B·S]
+    mixes = F.linear(flat, fn).view(B * S, -1).tolist()                       # [B·S][2hc + hc²], before the RMS factor
+    eps, sinkhorn = block.hc_eps, scalar_sinkhorn(hc)
+    pre, mix = [], []
+    for norm, m in zip(norms, mixes):
+        r = 1.0 / math.sqrt(norm * norm / width + block.norm_eps)            # rsqrt(mean(x²) + eps)
+        pre += [_sigmoid(m[i] * r * s_pre + b[i]) + eps for i in range(hc)]
+        post = [2 * _sigmoid(m[i] * r * s_post + b[i]) for i in range(hc, 2 * hc)]
+        comb = sinkhorn([m[i] * r * s_comb + b[i] for i in range(2 * hc, 2 * hc + hc * hc)], block.iters, eps)
+        mix += [v for e in range(hc) for v in (*comb[e::hc], post[e])]       # row e: column e of comb, then post_e
     packed = torch.frombuffer(array("d" if flat.dtype == torch.float64 else "f", pre + mix), dtype=flat.dtype)
-    return Seam(packed.as_strided((1, 1, hc), (hc, hc, 1)),
-                packed.as_strided((1, 1, hc, hc + 1), (hc * (hc + 1),) * 2 + (hc + 1, 1), hc))
+    n = B * S * hc
+    return Seam(packed[:n].view(B, S, hc), packed[n:].view(B, S, hc, hc + 1))
 
 
 def _sigmoid(v: float) -> float:
@@ -97,9 +102,7 @@ def pin_identity(block, ctx, seam: Seam) -> Seam:
 def record_seam(block, ctx, site: str, seam: Seam) -> None:
     """The trace call of engine.model.block.Block.mixes, with this seam's tensors."""
     rows, pos = ctx.trace_rows()
-    comb = seam.comb
-    row_err, col_err = stochastic_error(comb)
-    ctx.trace.record_mhc(block.path, site, rows, pos, seam.pre, seam.post, comb, row_err, col_err)
+    ctx.trace.record_mhc_mix(block.path, site, rows, pos, seam.pre, seam.mix)   # (the trace unpacks it when read)
 
 
 def collapse(xf: torch.Tensor, pre: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""FastMoE: the reference MoE whose experts run gathered (decode), dense (small models) or sorted, whichever fits."""
+"""FastMoE: the reference MoE whose experts run by expert or gathered (few tokens), dense (small models) or sorted."""
 from __future__ import annotations
+
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +28,14 @@ def _plain(linear) -> bool:
 
 
 class FastMoE(MoE):
-    """MoE.forward, except that a call of few tokens (decode; `gathers`) runs the chosen experts and the shared
-    expert together: their weights gathered from one [E + 1, …] stack (the shared expert last, weight 1) into
-    two batched matmuls. routed_experts picks a path per call: with autograd on, the reference (sorted); few
-    pairs gather; more run every expert densely in small models (unless their inputs are FP8-quantized, which
-    the dense matmul would skip), gather under sync_free(), and else take the reference's sorted loop. The
-    stacks are copies of the experts' parameters (engine.speedups.fused_experts), which stay the state dict."""
+    """MoE.forward, except that a call of few tokens (decode, a DSpark verify block; `gathers`, and on the CPU
+    `sorts`) runs the chosen experts and the shared expert together as (token, slot) pairs of one [E + 1, …]
+    stack (the shared expert last, weight 1): on the CPU grouped by expert, each expert's slices read in place
+    (sorted_pairs); elsewhere gathered into two batched matmuls, which needs no host read. routed_experts picks
+    a path per call: with autograd on, the reference (sorted); few pairs gather; more run every expert densely
+    in small models (unless their inputs are FP8-quantized, which the dense matmul would skip), gather under
+    sync_free(), and else take the reference's sorted loop. The stacks are copies of the experts' parameters
+    (engine.speedups.fused_experts), which stay the state dict."""
 
     stacks: ExpertStacks
     dense_ok: bool
@@ -49,7 +53,9 @@ class FastMoE(MoE):
     def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
                 steer: torch.Tensor | None = None):
         N = x.numel() // x.size(-1)
-        if (not self.gathers(N) or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
+        by_expert = x.device.type == "cpu" and not sync_free_active()
+        if (not (self.gathers(N) or by_expert and self.sorts(N))
+                or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
                 or not self._shared_stacks_with_routed() or (steer is not None and self.hash_routed)):
             return super().forward(x, vision, tokens, steer)
         # the router takes any leading shape: weights, ids and scores come out [B, S, k] as MoE.forward returns them
@@ -59,8 +65,11 @@ class FastMoE(MoE):
             weights, ids, scores = self.gate(x, vision, steer)   # steer: interventions' banned / forced experts
         # the shared expert is expert E of the stack, chosen by every token with weight 1 (h · 1 = h exactly)
         pick = F.pad(ids, (0, 1), value=self.n_experts).view(-1)                      # [N·(k + 1)], token-major
-        used = pick.tolist() if N == 1 and x.device.type == "cpu" and not sync_free_active() else None
-        y = self.gathered_pairs(x.view(N, -1), F.pad(weights, (0, 1), value=1.0).view(-1, 1), pick, N, used)
+        pair_weights = F.pad(weights, (0, 1), value=1.0).view(-1, 1)
+        if by_expert:
+            y = self.sorted_pairs(x.view(N, -1), pair_weights, pick, N)
+        else:
+            y = self.gathered_pairs(x.view(N, -1), pair_weights, pick, N)
         return cast(y, x.dtype).view(x.shape), (weights, ids, scores)
 
     def gathers(self, n_tokens: int) -> bool:
@@ -71,6 +80,12 @@ class FastMoE(MoE):
         if self.dense_ok and not self.experts[0].w1.act_quant:
             return 2 * n_tokens * (self.topk + 1) <= self.n_experts + 1
         return pairs <= self.n_experts
+
+    def sorts(self, n_tokens: int) -> bool:
+        """Whether a call of n_tokens on the CPU runs its pairs by expert (sorted_pairs): while they are at most
+        twice the experts; beyond, a small model's dense path reads every expert in fewer ops (and a large
+        model's reference loop is the same sort)."""
+        return n_tokens * (self.topk + 1) <= 2 * (self.n_experts + 1)
 
     def routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.gate.weight.requires_grad:
@@ -127,6 +142,37 @@ class FastMoE(MoE):
             h = fp8_qdq(h)
         y = torch.bmm(cast(h, w2t.dtype).unsqueeze(1), w2t.index_select(0, pick))   # [P, 1, dim]
         return upcast(y).view(N, P // N, -1).sum(1)
+
+    def sorted_pairs(self, x: torch.Tensor, weights: torch.Tensor, pick: torch.Tensor, N: int) -> torch.Tensor:
+        """gathered_pairs on the CPU without copying weights: the pairs grouped by expert (one host read of the
+        counts), each chosen expert's slices of the fused stacks read in place by one up and one down matmul
+        over its tokens, the results put back in token-major pair order and summed per token as gathered_pairs
+        sums them. x [N, dim], pick [N·k] token-major, weights [N·k, 1] → [N, dim] fp32."""
+        k = pick.size(0) // N
+        if N == 1:  # the pairs name k different experts: no sorting
+            order, experts = None, pick.tolist()
+            spans = [(e, j, 1) for j, e in enumerate(experts)]
+        else:
+            order = pick.argsort(stable=True)                                 # pairs grouped by expert
+            counts = torch.bincount(pick, minlength=self.n_experts + 1).tolist()
+            ends = list(accumulate(counts))
+            spans = [(e, ends[e] - n, n) for e, n in enumerate(counts) if n]   # (expert, first pair, pairs)
+            experts = [e for e, _, _ in spans]
+        w13, w2t = self.fused(experts)
+        inter = w2t.size(1)
+        act_quant = self.experts[0].w1.act_quant
+        xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
+        xs = xin.expand(k, -1) if order is None else xin[order // k]          # [P, dim] each pair's token
+        gu = torch.cat([F.linear(xs[b:b + n], w13[e]) for e, b, n in spans])  # [P, 2·inter]
+        ws = weights if order is None else weights[order]
+        h = cast(swiglu(upcast(gu[:, :inter]), upcast(gu[:, inter:]), self.limit, ws), x.dtype)
+        if act_quant:
+            h = fp8_qdq(h)
+        h = cast(h, w2t.dtype)
+        y = torch.cat([torch.mm(h[b:b + n], w2t[e]) for e, b, n in spans])   # [P, dim] by expert
+        if order is not None:
+            y = torch.empty_like(y).index_copy_(0, order, y)                  # token-major again
+        return upcast(y).view(N, k, -1).sum(1)
 
     def dense_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Small models: every expert on every token, the router's weights scattered over [N, E] (0 = unchosen),

@@ -27,10 +27,16 @@ def rotation_at(ctx, rotary: Rotary, positions: torch.Tensor, width: int) -> tor
     if torch.compiler.is_compiling():
         ang = positions.to(rotary.freqs.device, torch.float32).unsqueeze(-1) * rotary.freqs
         return _build(ang.cos(), ang.sin(), rotary.rope_dim, width)
-    if positions is ctx.positions:
-        cis = ctx.cached(("cis", rotary.key), lambda: rotary.cis(ctx.positions))
-    else:
-        cis = rotary.cis(positions)
+    if positions is not ctx.positions:
+        return rotation_for(rotary, positions, width)
+    cis = ctx.cached(("cis", rotary.key), lambda: rotary.cis(ctx.positions))
+    return _build(cis.real, cis.imag, rotary.rope_dim, width)
+
+
+def rotation_for(rotary: Rotary, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """The rotation matrices [*positions.shape, width, width] of `rotary` at `positions`, outside a forward call
+    (nothing cached)."""
+    cis = rotary.cis(positions)
     return _build(cis.real, cis.imag, rotary.rope_dim, width)
 
 

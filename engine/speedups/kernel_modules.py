@@ -7,7 +7,6 @@ from ..kernels import launch
 from ..model.block import Block
 from ..model.draft import DraftStage
 from ..model.engram import Engram
-from ..model.mhc import stochastic_error
 from ..model.moe import Gate, MoE
 from .fast_moe import FastMoE
 
@@ -30,8 +29,7 @@ class KernelBlock(Block):
     def _record(self, ctx, site, pre, post, comb) -> None:
         if ctx.trace is not None:
             rows, pos = ctx.trace_rows()
-            row_err, col_err = stochastic_error(comb)
-            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb, row_err, col_err)
+            ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb)   # the trace derives the residuals
 
     def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx):
         # the seams carry V4.1's shifted pre; an mhc-identity intervention here takes the reference, which pins comb

@@ -56,7 +56,9 @@ def window_attention(q: torch.Tensor, ring: torch.Tensor, hidden: torch.Tensor, 
     if return_mass:
         heads = p.mean(2)                                                     # [B, S, N + K + 1]
         slots = ring.size(1)
-        mass = (heads[..., :slots].sum(-1).float(), heads[..., slots:-1].sum(-1).float(), heads[..., -1].float())
+        mass = (heads[..., :slots].sum(-1), heads[..., slots:-1].sum(-1), heads[..., -1])
+        if heads.dtype != torch.float32:  # (fp32 records of a float64 model's masses, summed in float64)
+            mass = tuple(m.float() for m in mass)
     if q.dtype == torch.bfloat16:  # the reference casts probabilities to the activation dtype before PV
         p = p.to(torch.bfloat16).float()
     if S == 1:

@@ -22,13 +22,6 @@ def host_view(t) -> np.ndarray:
         return t.cpu().numpy()
 
 
-def host_int64(t) -> np.ndarray:
-    """Positions or rows (any device) as an int64 numpy array."""
-    if on_gpu(t):
-        t = t.cpu()
-    return np.asarray(host_view(t), np.int64)
-
-
 class StagedCopy:
     """GPU tensors converted to the given dtypes and copied to one pinned host buffer by one non-blocking copy;
     arrays() waits for that copy and views the buffer (so recording never waits for the GPU)."""

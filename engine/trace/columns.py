@@ -53,8 +53,9 @@ class FactColumns:
         self.append(rows, pos, flat)
 
     def record_one(self, row: int, pos: int, values: tuple) -> bool:
-        """The decode fast path: one new token's CPU tensors (or arrays) of full width, [1, 1, ...] each, copied
-        in; False (with nothing recorded) for anything else, which record() then handles."""
+        """The decode fast path: one new token's CPU tensors (or arrays), [1, 1, ...] each, of full width (or, in a
+        ragged field, no wider than its buffer), copied in; False (with nothing recorded) for anything else, which
+        record() then handles."""
         if pos <= self.max_pos.get(row, -1):
             return False
         n = self.n
@@ -66,11 +67,12 @@ class FactColumns:
                     v = v.numpy()
                 except (AttributeError, RuntimeError, TypeError):  # not a plain CPU tensor
                     return False
-            if v.shape != column.one_shape:
+            if v.shape == column.one_shape:
+                column.buf[n:n + 1] = v  # (entry n counts only once every field is in)
+                if column.shapes is not None:
+                    column.shapes[n] = column.one_shape[2:]
+            elif not column.write_narrower(n, v):
                 return False
-            column.buf[n:n + 1] = v  # (entry n counts only once every field is in)
-            if column.shapes is not None:
-                column.shapes[n] = column.one_shape[2:]
         self.rows[n] = row
         self.pos[n] = pos
         self.max_pos[row] = pos
@@ -102,18 +104,21 @@ class FactColumns:
         self.n = n + 1
         self._index = None
 
-    def append(self, rows, pos: np.ndarray, values: list[np.ndarray], lead: int = 1) -> None:
+    def append(self, rows, pos: np.ndarray, values: list[np.ndarray], lead: int = 1,
+               lengths: dict[int, np.ndarray] | None = None) -> None:
         """m new entries: rows [m], pos [m], one [m, *tail] array per field (lead=2: [1, m, *tail]). The (row, pos)
-        pairs must be new."""
+        pairs must be new. lengths[f]: field f's entries are 1-D of these lengths, values [m, w] padded."""
         m = len(pos)
         start, end = self.n, self.n + m
         if end > self.capacity:
             self._grow(end)
         self.rows[start:end] = rows
         self.pos[start:end] = pos
-        for column, v in zip(self.fields, values):
+        for f, (column, v) in enumerate(zip(self.fields, values)):
             buf = column.buf
-            if buf is not None and column.shapes is None and v.shape[lead:] == buf.shape[1:]:
+            if lengths and f in lengths:
+                column.write_lengths(start, v, lengths[f], self.capacity, self.where)
+            elif buf is not None and column.shapes is None and v.shape[lead:] == buf.shape[1:]:
                 buf[start:end] = v  # the common case: one copy (numpy drops the leading 1 of [1, m, ...])
             else:
                 column.write(start, v.reshape(m, *v.shape[lead:]), self.capacity, self.where)
@@ -137,16 +142,19 @@ class FactColumns:
             if p > self.max_pos.get(row, -1):
                 self.max_pos[row] = p
 
-    def put(self, rows: np.ndarray, pos: np.ndarray, values: list[np.ndarray]) -> None:
-        """m entries made from other records (the lens's, engine.trace.lens): rows [m], pos [m] distinct pairs,
-        values [m, *tail] per field; each replaces an entry stored at the same (row, pos)."""
-        if self.n:
+    def put(self, rows: np.ndarray, pos: np.ndarray, values: list[np.ndarray],
+            lengths: dict[int, np.ndarray] | None = None) -> None:
+        """m entries made from other records (the lens's, the seams', a StepTable's): rows [m], pos [m] distinct
+        pairs, values [m, *tail] per field (lengths: as for append); each replaces an entry stored at the same
+        (row, pos)."""
+        by_row = [(row, pos[rows == row]) for row in np.unique(rows).tolist()]
+        if self.n and any(int(p.min()) <= self.max_pos.get(row, -1) for row, p in by_row):  # (else all are new)
             new = set(zip(rows.tolist(), pos.tolist()))
             stored = zip(self.rows[: self.n].tolist(), self.pos[: self.n].tolist())
             self.drop(np.fromiter((k in new for k in stored), bool, self.n))
-        self.append(rows, pos, values)
-        for row in np.unique(rows).tolist():
-            self.max_pos[row] = max(self.max_pos.get(row, -1), int(pos[rows == row].max()))
+        self.append(rows, pos, values, lengths=lengths)
+        for row, p in by_row:
+            self.max_pos[row] = max(self.max_pos.get(row, -1), int(p.max()))
 
     def drop(self, remove: np.ndarray) -> None:
         """Forget the entries where remove [n] is True. Entries left keep their values; when the removed ones are

@@ -35,13 +35,49 @@ class FieldColumn:
         if self.shapes is None:  # the first entry of another shape: from now on each entry keeps its own
             self.shapes = np.empty((len(self.buf), len(width)), np.int64)
             self.shapes[:start] = width
-        wider = tuple(max(a, b) for a, b in zip(width, tail))
+        # a dimension that grows at least doubles (an index list that widens token by token reallocates rarely)
+        wider = tuple(b if a <= b else max(a, 2 * b) for a, b in zip(tail, width))
         if wider != width:
             grown = np.zeros((len(self.buf), *wider), self.dtype)
             grown[(slice(0, start), *(slice(0, d) for d in width))] = self.buf[:start]
             self.buf, self.one_shape = grown, (1, 1, *wider)
         self.buf[(slice(start, start + len(values)), *(slice(0, d) for d in tail))] = values
         self.shapes[start:start + len(values)] = tail
+
+    def write_lengths(self, start: int, values: np.ndarray, lengths: np.ndarray, capacity: int, where: str) -> None:
+        """m one-dimensional entries of their own lengths into entries start..start+m-1: values [m, w] (entry i in
+        its first lengths[i] cells; the rest is padding, never read), lengths [m] <= w."""
+        m, w = values.shape
+        if self.buf is None:
+            self.buf = np.empty((capacity, w), self.dtype)
+            self.one_shape = (1, 1, w)
+        if self.buf.ndim != 2:
+            raise InputError(f"{where}: '{self.name}' has 1-D entries after records of shape {self.buf.shape[1:]}; a "
+                             "field keeps its number of dimensions")
+        if self.shapes is None:
+            self.shapes = np.empty((len(self.buf), 1), np.int64)
+            self.shapes[:start] = self.buf.shape[1]
+        need, width = int(lengths.max()) if m else 0, self.buf.shape[1]
+        if need > width:
+            wider = max(need, 2 * width)
+            grown = np.zeros((len(self.buf), wider), self.dtype)
+            grown[:start, :width] = self.buf[:start]
+            self.buf, self.one_shape, width = grown, (1, 1, wider), wider
+        cols = min(w, width)
+        self.buf[start:start + m, :cols] = values[:, :cols]
+        self.shapes[start:start + m, 0] = lengths
+
+    def write_narrower(self, i: int, v: np.ndarray) -> bool:
+        """Entry i of a ragged field from a one-token record v [1, 1, *tail] that fits in the buffer: True; False
+        (nothing written) for any other v, which write() then handles."""
+        one = self.one_shape
+        if self.shapes is None or len(v.shape) != len(one) or v.shape[:2] != (1, 1) or \
+                any(a > b for a, b in zip(v.shape[2:], one[2:])):
+            return False
+        tail = v.shape[2:]
+        self.buf[(i, *(slice(0, d) for d in tail))] = v[0, 0]
+        self.shapes[i] = tail
+        return True
 
     def value(self, i: int):
         """Entry i as a view (a numpy scalar for a scalar field), at its own shape."""

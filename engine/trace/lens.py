@@ -1,4 +1,5 @@
-"""The logit lens resolved: every recorded layer read-out through the model's head in batched matmuls, into top-k."""
+"""The logit lens resolved: every recorded layer read-out through the model's head in batched matmuls, into top-k
+(read-outs recorded before the final norm get it first, row by row)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -40,3 +41,15 @@ def lens_values(hidden: np.ndarray, next_ids: np.ndarray, readout: Callable, k: 
             prob = probs.gather(-1, chosen).squeeze(-1)
             next_prob[start:stop] = torch.where(known, prob, float("nan")).cpu().numpy()
     return top_ids, top_probs, next_rank, next_prob
+
+
+def normed_rows(before_norm: np.ndarray, norm: Callable) -> np.ndarray:
+    """before_norm [N, dim] (fp32): read-outs a one-token step recorded before the model's final norm → norm(row)
+    for each row on its own, [N, dim]: the bits the step's own norm call would have made (a norm of many rows may
+    take another path, engine.speedups.fast_norm)."""
+    import torch
+    if not len(before_norm):
+        return before_norm
+    with torch.no_grad():
+        rows = torch.from_numpy(before_norm)
+        return torch.cat([norm(rows[i:i + 1]) for i in range(len(rows))]).float().cpu().numpy()

@@ -6,19 +6,28 @@ from collections import Counter
 import numpy as np
 
 from ..spec.errors import InputError
-from .arrays import StagedCopy, host_int64, host_view
+from .arrays import StagedCopy, host_view
 from .columns import FactColumns
 from .records import MHC_SITES, PENDING_KIND_OF, RECORDED_DTYPES, RECORDED_FIELDS, TraceBudget, layer_path, path_order
+from .seams import MIX_KIND, derives_later, packed_mix, post_comb, seam_values, stochastic_errors
 from .slots import CallTokens, TokenSlots
+from .step_records import StepRecords
 
 NO_VISION = np.zeros((1, 1), bool)  # the vision mask of a one-token call without one (the columns copy it)
 NO_VISION.flags.writeable = False
 MAX_PENDING = 256  # GPU records in flight before they are written out (the caching host allocator reuses their memory)
 
 
+def check_site(site: str) -> None:
+    if site not in MHC_SITES:
+        raise InputError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
+
+
 class FactRecorder:
-    """What the model calls (record_*), kept under the budget. A record call costs one numpy copy per field (from
-    a GPU one non-blocking copy per call), with no Python object per token; facts() and friends read the columns."""
+    """What the model calls (record_*), kept under the budget, with no Python object per token; facts() and friends
+    read the columns. A call is checked and copied into the columns (one numpy copy per field; from a GPU one
+    non-blocking copy per call), except a decode step's one-token calls after its first: those are kept as they
+    are and stacked when the step ends (StepRecords), one copy per kind and field for the step."""
 
     def __init__(self, budget: TraceBudget | None = None):
         self.budget = budget or TraceBudget()
@@ -27,70 +36,103 @@ class FactRecorder:
         self._slots = TokenSlots(self.budget.max_tokens)
         self._pending: list[tuple] = []   # GPU records whose host copy may still be in flight (see _flush)
         self._last_call: tuple | None = None   # the last record call's tensors, their bytes and its CallTokens
+        self._step = StepRecords()   # the one-token records of _last_call's tokens, until the step ends (_defer)
         self._lens_readout = None   # the recording model's read-out of the lens (see record_lens), until resolved
+        self._lens_norm = None      # and its final norm, for read-outs recorded before it
+        self._wants: dict[tuple[str, str], bool] = {}   # (kind, path) -> whether the budget records it
 
     # ---- what the model calls -------------------------------------------------------------
     def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
         if vision is None:
-            vision = NO_VISION if tuple(positions.shape) == (1, 1) else np.zeros(tuple(ids.shape[:2]), bool)
+            vision = NO_VISION if positions.shape == (1, 1) else np.zeros(tuple(ids.shape[:2]), bool)
         values = (ids, weights, scores, vision)
-        if not self._fast(("moe", path, ""), rows, positions, values) and not self._skipped("moe", path, positions):
+        if not self._defer(("moe", path, ""), rows, positions, values) and not self._skipped("moe", path, positions):
             self._record("moe", path, "", rows, positions, values)
 
-    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err, col_err) -> None:
-        if site not in MHC_SITES:
-            raise InputError(f"record_mhc: site must be one of {MHC_SITES}, got {site!r}")
-        values = (pre, post, comb, row_err, col_err)
-        if not self._fast(("mhc", path, site), rows, positions, values) and not self._skipped("mhc", path, positions):
-            self._record("mhc", path, site, rows, positions, values)
+    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err=None, col_err=None) -> None:
+        """One mHC seam: pre, post [B, S, hc], comb [B, S, hc, hc]; row_err, col_err [B, S], comb's largest
+        |row sum − 1| and |column sum − 1|. Left out (as the model does), they are derived from comb: for an fp32
+        host comb when the trace is read, for all its records at once (engine.trace.seams), else now."""
+        check_site(site)
+        if row_err is None or col_err is None:
+            if derives_later(comb):
+                return self.record_mhc_mix(path, site, rows, positions, pre, packed_mix(post, comb))
+            row_err, col_err = stochastic_errors(comb)
+        self._record_mhc("mhc", path, site, rows, positions, (pre, post, comb, row_err, col_err))
+
+    def record_mhc_mix(self, path, site, rows, positions, pre, mix) -> None:
+        """One mHC seam as the fused seam holds it (engine.speedups.fast_mhc.Seam): pre [B, S, hc] and mix
+        [B, S, hc, hc + 1] = [combᵀ | post]; post, comb and the residuals come out when the trace is read (now
+        where mix is not an fp32 host tensor, as record_mhc does)."""
+        check_site(site)
+        if derives_later(mix):
+            return self._record_mhc(MIX_KIND, path, site, rows, positions, (pre, mix))
+        post, comb = post_comb(mix)
+        self._record_mhc("mhc", path, site, rows, positions, (pre, post, comb, *stochastic_errors(comb)))
+
+    def _record_mhc(self, kind: str, path: str, site: str, rows, positions, values: tuple) -> None:
+        if not self._defer((kind, path, site), rows, positions, values) and not self._skipped("mhc", path, positions):
+            self._record(kind, path, site, rows, positions, values)
 
     def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
         values = (compressed_ids, row_ids, gates)
-        if not self._fast(("engram", path, ""), rows, positions, values) and \
+        if not self._defer(("engram", path, ""), rows, positions, values) and \
                 not self._skipped("engram", path, positions):
             self._record("engram", path, "", rows, positions, values)
 
     def wants_attention(self, path: str) -> bool:
-        a = self.budget.attention
-        chosen = a if isinstance(a, bool) else (path in a or layer_path(path) in a)
-        return chosen and self.budget.keeps_layer(path)
+        wanted = self._wants.get(("attention", path))
+        if wanted is None:  # (the budget is frozen: worked out once per path)
+            a = self.budget.attention
+            chosen = a if isinstance(a, bool) else (path in a or layer_path(path) in a)
+            wanted = self._wants[("attention", path)] = chosen and self.budget.keeps_layer(path)
+        return wanted
 
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
         if not self.wants_attention(path):
             return
         values = (topk, window_mass, compressed_mass, sink_mass)
-        if not self._fast(("attention", path, ""), rows, positions, values) and \
+        if not self._defer(("attention", path, ""), rows, positions, values) and \
                 not self._skipped("attention", path, positions):
             self._record("attention", path, "", rows, positions, values)
 
     def wants_lens(self, path: str) -> bool:
         """Whether the logit lens of a backbone layer ('layers.3') is recorded (budget.lens and its layers)."""
-        return self.budget.lens and self.budget.keeps_layer(path)
+        wanted = self._wants.get(("lens", path))
+        if wanted is None:
+            wanted = self._wants[("lens", path)] = self.budget.lens and self.budget.keeps_layer(path)
+        return wanted
 
-    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout) -> None:
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, norm=None) -> None:
         """The logit lens of one layer: hidden [B, S, dim], the layer's output streams read out the way the model
         reads out its last layer (collapse, final norm); rms_in, rms_out [B, S, hc], each hc stream's RMS entering
         and leaving the layer. readout(hidden [N, dim]) -> logits [N, V]: the model's head. The hidden states are
         kept until the trace is read; then one batched head matmul turns them into the "lens" records (top-k,
-        the next token's rank and probability) and they are dropped (engine.trace.lens)."""
+        the next token's rank and probability) and they are dropped (engine.trace.lens). norm: given for a hidden
+        taken before the final norm (a one-token step's), the model's final norm, which the trace applies to each
+        such row on its own when it resolves the lens (as the step would have: a batch may round otherwise)."""
         if not self.wants_lens(path):
             return
         self._lens_readout = readout
+        kind = "lens_hidden"
+        if norm is not None:
+            kind, self._lens_norm = "lens_prenorm", norm
         values = (hidden, rms_in, rms_out)
-        if not self._fast(("lens_hidden", path, ""), rows, positions, values):
-            self._record("lens_hidden", path, "", rows, positions, values)
+        if not self._defer((kind, path, ""), rows, positions, values):
+            self._record(kind, path, "", rows, positions, values)
 
-    def _fast(self, key: tuple[str, str, str], rows, positions, values: tuple) -> bool:
-        """The decode fast path: a one-token call with the rows and positions tensors of the call before it (the
-        layers of one forward), every layer kept and nothing staged, into columns that exist: copied in and True.
-        False, with nothing recorded, sends the call down the checked path (_skipped, _record)."""
+    def _defer(self, key: tuple[str, str, str], rows, positions, values: tuple) -> bool:
+        """The decode fast path: a one-token call with the rows and positions tensors (and values) of the call
+        before it (the layers of one forward), every layer kept and no GPU copy in flight. Its values are kept as
+        they are (True) and written with the rest of the step's when it ends (StepRecords: at the token record, the
+        next forward, a rollback or any read). False, with nothing kept, sends the call down the checked path."""
         last = self._last_call
         if last is None or last[0] is not positions or last[1] is not rows or last[7].single is None or \
                 self._pending or self.budget.layers is not None or last[2] != self._slots.epoch or \
                 last[3].tobytes() != last[4] or (last[5] is not None and last[5].tobytes() != last[6]):
             return False
-        columns = self._columns.get(key)
-        return columns is not None and columns.record_one(*last[7].single, values)
+        self._step.keep(key, values)
+        return True
 
     # ---- reading --------------------------------------------------------------------------
     def paths(self, kind: str) -> list[str]:
@@ -173,10 +215,14 @@ class FactRecorder:
         self.omitted[kind] += b * s
         return True
 
-    def _record(self, kind: str, path: str, site: str, rows, positions, values: tuple) -> None:
+    def _record(self, kind: str, path: str, site: str, rows, positions, values: tuple,
+                call: CallTokens | None = None) -> None:
         """Check the call's fields, admit its tokens under the budget and copy the kept ones into the columns: one
-        numpy copy per field from a CPU tensor; from a GPU one non-blocking copy now, written at the next _flush."""
-        call = self._known_call(rows, positions)
+        numpy copy per field from a CPU tensor; from a GPU one non-blocking copy now, written at the next _flush.
+        call: the tokens of a deferred record (then rows and positions are not read)."""
+        if call is None:
+            self._write_step()  # (the records before this one first)
+            call = self._known_call(rows, positions)
         bs = call.positions.shape if call is not None else self._call_shape(kind, path, positions)
         arrays = []
         for v in values:
@@ -195,10 +241,12 @@ class FactRecorder:
             self.omitted[PENDING_KIND_OF.get(kind, kind)] += call.refused
         if self._pending:
             self._flush()
+        self._step.drain(self._columns_for, key=(kind, path, site))  # (its earlier records first)
         (self._columns.get((kind, path, site)) or self._columns_for(kind, path, site)).record(call, arrays)
 
     def _stage(self, kind: str, path: str, site: str, rows, positions, call: CallTokens | None, values: tuple) -> None:
-        self._check_fields(kind, path, tuple(positions.shape), values)
+        self._check_fields(kind, path, tuple((call.positions if positions is None else positions).shape), values)
+        self._step.drain(self._columns_for)  # (the GPU records go straight into the columns, after those before)
         call = call or self._admit(kind, path, rows, positions)
         if call.refused:
             self.omitted[PENDING_KIND_OF.get(kind, kind)] += call.refused
@@ -217,13 +265,14 @@ class FactRecorder:
 
     def _admit(self, kind: str, path: str, rows, positions) -> CallTokens:
         """The call's tokens, admitted under the budget (remembered for the next call: see _known_call)."""
+        self._write_step()   # (the deferred records are of the last call's tokens)
         b, s = self._call_shape(kind, path, positions)
-        row_list = list(range(b)) if rows is None else host_int64(rows).reshape(-1).tolist()
-        if len(row_list) != b:
-            raise InputError(f"record_{kind}({path}): rows must be [B={b}], got {len(row_list)} rows")
-        call = self._slots.admit(row_list, np.array(host_int64(positions).reshape(b, s)))  # a copy of its own
         pos_view = host_view(positions)
         rows_view = None if rows is None else host_view(rows)
+        row_list = list(range(b)) if rows is None else np.asarray(rows_view, np.int64).reshape(-1).tolist()
+        if len(row_list) != b:
+            raise InputError(f"record_{kind}({path}): rows must be [B={b}], got {len(row_list)} rows")
+        call = self._slots.admit(row_list, np.array(pos_view, np.int64).reshape(b, s))  # a copy of its own
         self._last_call = (positions, rows, self._slots.epoch, pos_view, pos_view.tobytes(), rows_view,
                            None if rows is None else rows_view.tobytes(), call)
         return call
@@ -242,12 +291,26 @@ class FactRecorder:
                 raise InputError(f"record_{kind}({path}): '{name}' must start with [B={bs[0]}, S={bs[1]}], "
                                  f"got {tuple(v.shape)}")
 
-    def _flush(self) -> None:
-        """Write the GPU records whose host copies were in flight into their columns, in arrival order."""
+    def _write_step(self) -> None:
+        """End the step: its deferred records (see _defer) into the StepTables or the columns."""
+        if self._step.kept:
+            call = self._last_call[7]   # (_defer kept only records of these tokens; _admit ends the step first)
+            self._step.write(*call.single, self._columns.get, self._columns_for,
+                             lambda key, values: self._record(*key, None, None, values, call=call))
+
+    def _end_step(self) -> None:
+        """Write the step's deferred records (into the tables), then the GPU records whose host copies were in
+        flight, into their columns in arrival order: what the token record does once per step."""
+        self._write_step()
         if self._pending:
             pending, self._pending = self._pending, []
             for columns, call, staged in pending:
                 columns.record(call, staged.arrays())
+
+    def _flush(self) -> None:
+        """Every record in its columns (_end_step, and the tables drained): before a read or a rollback."""
+        self._end_step()
+        self._step.drain(self._columns_for)
 
     def _columns_for(self, kind: str, path: str, site: str) -> FactColumns:
         columns = self._columns.get((kind, path, site))
@@ -262,8 +325,14 @@ class FactRecorder:
         return sorted(keys, key=lambda kc: (path_order(kc[0][1]), kc[0][2]))
 
     def _settle(self) -> None:
-        """Before a read: write the GPU records in flight (the Trace also resolves its pending lens records)."""
+        """Before a read: write the GPU records in flight, then complete the seams recorded without their residuals
+        (the Trace also resolves its pending lens records)."""
         self._flush()
+        for key in [key for key in self._columns if key[0] == MIX_KIND]:
+            columns = self._columns.pop(key)
+            if columns.n:
+                rows, pos, fields = columns.block(np.arange(columns.n))
+                self._columns_for("mhc", *key[1:]).put(rows, pos, seam_values(*(values for values, _ in fields)))
 
     def _filled(self) -> list[tuple[tuple[str, str, str], FactColumns]]:
         """((kind, path, site), columns) of every key that holds records."""

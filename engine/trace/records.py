@@ -26,11 +26,16 @@ FACT_DTYPES: dict[str, tuple[str, ...]] = {
     "lens": ("int64", "float32", "int64", "int64", "float32", "float32", "float32"),
 }
 FACT_KINDS = tuple(FACT_FIELDS)
-# Kinds the model records that the trace turns into another kind when it is read (engine.trace.lens): the logit
-# lens's normed read-out per layer and token becomes its top-k (one batched head matmul for the whole run).
-PENDING_FIELDS: dict[str, tuple[str, ...]] = {"lens_hidden": ("hidden", "rms_in", "rms_out")}
-PENDING_DTYPES: dict[str, tuple[str, ...]] = {"lens_hidden": ("float32",) * 3}
-PENDING_KIND_OF = {"lens_hidden": "lens"}   # the kind a pending kind becomes (and counts its omitted tokens as)
+# Kinds the model records that the trace turns into another kind when it is read: the logit lens's read-out per
+# layer and token becomes its top-k (one batched head matmul for the whole run, engine.trace.lens; a lens_prenorm
+# read-out was taken before the final norm, which the trace applies row by row first); an mHC seam recorded as
+# (pre, mix = [combᵀ | post]) is unpacked and given its Sinkhorn residuals (all records at once, engine.trace.seams).
+PENDING_FIELDS: dict[str, tuple[str, ...]] = {"lens_hidden": ("hidden", "rms_in", "rms_out"),
+                                              "lens_prenorm": ("hidden", "rms_in", "rms_out"), "mhc_mix": ("pre", "mix")}
+PENDING_DTYPES: dict[str, tuple[str, ...]] = {"lens_hidden": ("float32",) * 3, "lens_prenorm": ("float32",) * 3,
+                                              "mhc_mix": ("float32",) * 2}
+# the kind a pending kind becomes (and counts its omitted tokens as)
+PENDING_KIND_OF = {"lens_hidden": "lens", "lens_prenorm": "lens", "mhc_mix": "mhc"}
 RECORDED_FIELDS = {**FACT_FIELDS, **PENDING_FIELDS}
 RECORDED_DTYPES = {**FACT_DTYPES, **PENDING_DTYPES}
 MHC_SITES = ("attn", "ffn")

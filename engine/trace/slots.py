@@ -18,7 +18,7 @@ class CallTokens:
         self.rows, self.positions, self.keep, self.refused = rows, positions, keep, refused
         self.direct = b == 1 and keep is None
         flat_pos = positions.reshape(b * s)
-        flat_rows = np.repeat(np.asarray(rows, np.int64), s)
+        flat_rows = np.asarray(rows, np.int64) if s == 1 else np.repeat(np.asarray(rows, np.int64), s)
         self.flat_rows = flat_rows if keep is None else flat_rows[keep]
         self.flat_pos = flat_pos if keep is None else flat_pos[keep]
         if s == 1:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .decode import decode_tables
 from .formats import read_tables, read_tables_bytes, trace_format, write_tables
-from .lens import lens_values
+from .lens import lens_values, normed_rows
 from .recorder import FactRecorder
 from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
 from .tables import TraceFormatError, build_tables
@@ -50,7 +50,7 @@ class Trace(FactRecorder):
                      logits=None) -> None:
         """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k and the
         token's log-probability."""
-        self._flush()  # once per step: the GPU records of the step are written and their pinned memory freed
+        self._end_step()  # once per step: the step's records are written (GPU ones: their pinned memory freed)
         rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
         if logits is not None:
             self._predicted(rec, logits)
@@ -70,15 +70,19 @@ class Trace(FactRecorder):
             rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
 
     def _settle(self) -> None:
-        """Before a read: the GPU records in flight written, then the logit lens's pending read-outs (all layers,
-        all tokens) turned into "lens" records by the recording model's head (engine.trace.lens), and dropped."""
-        self._flush()
+        """Before a read: the GPU records in flight written and the seams completed (FactRecorder._settle), then
+        the logit lens's pending read-outs (all layers, all tokens) turned into "lens" records by the recording
+        model's head (engine.trace.lens), and dropped."""
+        super()._settle()
         blocks = []
-        for key in [key for key in self._columns if key[0] == "lens_hidden"]:
+        for key in [key for key in self._columns if key[0] in ("lens_hidden", "lens_prenorm")]:
             columns = self._columns.pop(key)
             rows, pos, fields = columns.block(np.arange(columns.n))
             if len(rows):
-                blocks.append((key[1], rows, pos, [values for values, _ in fields]))
+                hidden, rms_in, rms_out = (values for values, _ in fields)
+                if key[0] == "lens_prenorm":   # read out before the final norm: normed now, row by row
+                    hidden = normed_rows(hidden, self._lens_norm)
+                blocks.append((key[1], rows, pos, [hidden, rms_in, rms_out]))
         if blocks:
             hidden = np.concatenate([fields[0] for *_, fields in blocks])            # [N, dim]: every layer's tokens
             next_ids = np.concatenate([self._next_ids(rows, pos) for _, rows, pos, _ in blocks])
@@ -91,7 +95,7 @@ class Trace(FactRecorder):
                 self._columns_for("lens", path, "").put(rows, pos, [top_ids, top_probs, next_id, next_rank,
                                                                      next_prob, rms_in, rms_out])
                 start += len(rows)
-        self._lens_readout = None   # (a trace outlives its model: hold no reference to it)
+        self._lens_readout = self._lens_norm = None   # (a trace outlives its model: hold no reference to it)
 
     def _next_ids(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The token id recorded at each (row, pos + 1), -1 where none is."""

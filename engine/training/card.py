@@ -5,7 +5,6 @@ import datetime
 import json
 import math
 import platform
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,13 +13,16 @@ import torch
 import torch.nn.functional as F
 
 from ..bench.cpu import machine_description
+from ..model.sampling import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from ..spec.errors import InputError, MissingFileError
+from .card_decoding import measure_dspark, measure_samples, measure_text_quality
+from .card_prompts import heldout_prompts
+from .card_render import render
 from .corpus import MANIFEST_NAME, TOKENS_NAME, load_tokens, sha256_file
 from .fields import option
 from .log import read_log
+from .text_quality import words_of
 from .windows import heldout_windows
-
-PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,13 @@ class CardOptions:
     batch: int = option(8, "windows per forward")
     new_tokens: int = option(48, "new tokens per prompt for samples and decode timing")
     repeats: int = option(3, "timing repeats, median taken")   # DSpark / plain timing
+    prompts: int = option(8, "held-out speech openings for the DSpark rows and the text quality")
+    prompt_words: int = 4                                      # words of the speech after the speaker's heading
+    quality_tokens: int = option(200, "greedy new tokens per held-out prompt for the text-quality measures")
+    # the decoding options measured beside the engine's defaults (DSpark at T = 0, text quality): the app's defaults
+    repetition_penalty: float = option(SUGGESTED_REPETITION_PENALTY, "repetition penalty of the decoding options "
+                                       "measured beside the engine's defaults (1 = off)")
+    no_repeat_ngram: int = option(SUGGESTED_NO_REPEAT_NGRAM, "no-repeat n-gram size of those options (0 = off)")
     sample_temperature: float = 0.8
     seed: int = option(0, "sampling seed")
     top_ngrams: int = 12
@@ -90,6 +99,19 @@ def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
             gate_at.append((float(g.mean()), path, start + row, pos))
     return {"loss": total / count, "tokens": count, "loads": loads,
             "gates": {p: np.stack(v) for p, v in gates.items()}, "gate_at": gate_at}
+
+
+def text_bytes(tokenizer, ids: np.ndarray) -> int:
+    """UTF-8 bytes of the text that model ids stand for; special tokens (BOS, EOS, ...) stand for none. The
+    denominator of bits per byte, which compares models with different vocabularies fairly."""
+    special = set(tokenizer.special_ids().values())
+    values, counts = np.unique(np.asarray(ids).reshape(-1), return_counts=True)
+    return int(sum(int(c) * len(tokenizer.token_bytes(int(v))) for v, c in zip(values, counts) if v not in special))
+
+
+def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
+    """A mean loss in nats per token over `tokens` tokens that stand for `n_bytes` bytes, in bits per byte."""
+    return loss * tokens / (math.log(2) * n_bytes) if n_bytes else float("nan")
 
 
 def balance_table(loads: dict[str, np.ndarray]) -> list[dict]:
@@ -174,48 +196,6 @@ def plot_loss(curve: dict, unigram: float, path: Path) -> None:
     plt.close(fig)
 
 
-def measure_decoding(engine, opts: CardOptions) -> dict:
-    """Samples from fixed prompts, and plain vs DSpark decode (same prompts) at T=0 and T=1."""
-    from ..dspark.metrics import summarize
-    from ..generation import DSparkConfig
-    samples = engine.generate_text(list(PROMPTS), max_new_tokens=opts.new_tokens, seed=opts.seed,
-                                   temperature=opts.sample_temperature)
-    out = {"samples": [{"prompt": p, "text": t} for p, t in zip(PROMPTS, samples.texts)],
-           "sample_settings": {"temperature": opts.sample_temperature, "seed": opts.seed,
-                               "max_new_tokens": opts.new_tokens}}
-    if not engine.args.has_dspark:
-        out["dspark"] = None
-        return out
-    ids = [engine.encode(p) for p in PROMPTS]
-    kw = dict(max_new_tokens=opts.new_tokens, seed=opts.seed, stop_tokens=())
-    engine.generate(ids[:1], **{**kw, "max_new_tokens": 2})            # warm-up
-    runs = {}
-    for t in (0.0, 1.0):
-        rates: dict[bool, list[float]] = {False: [], True: []}
-        last: dict[bool, list] = {}
-        for rep in range(opts.repeats):
-            for spec in ((False, True) if rep % 2 == 0 else (True, False)):  # a busy machine slows both alike
-                # one prompt at a time (batch 1, as `generate --prompt` runs), pooled over the prompts
-                res = [engine.generate([p], temperature=t, dspark=DSparkConfig() if spec else None, **kw)
-                       for p in ids]
-                decoded = sum(max(len(r.tokens[0]) - 1, 0) for r in res)
-                rates[spec].append(decoded / sum(r.decode_s for r in res))
-                last[spec] = res                                         # seeded: every repeat has the same tokens
-        m = summarize([s for r in last[True] for s in r.steps])
-        plain_rate, spec_rate = statistics.median(rates[False]), statistics.median(rates[True])
-        ratios = [d / p for p, d in zip(rates[False], rates[True])]      # one plain/DSpark pair per repeat
-        runs[f"T={t:g}"] = {"mean_accepted_length": m.mean_accepted_length, "acceptance_rate": m.acceptance_rate,
-                            "per_position_acceptance": m.conditional_acceptance,
-                            "dspark_steps": m.steps,
-                            "decoded_tokens": sum(max(len(r.tokens[0]) - 1, 0) for r in last[True]),
-                            "plain_tokens_per_s": plain_rate, "dspark_tokens_per_s": spec_rate,
-                            "speedup": spec_rate / plain_rate, "speedup_range": [min(ratios), max(ratios)],
-                            "outputs_identical": [r.tokens for r in last[False]] == [r.tokens for r in last[True]]}
-    out["dspark"] = {"prompts": list(PROMPTS), "batch": 1, "repeats": opts.repeats,
-                     "threads": torch.get_num_threads(), **runs}
-    return out
-
-
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
     from ..checkpoint.files import checkpoint_files
@@ -250,8 +230,13 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
     train_loads = measure_heldout(model, heldout_windows(tokens["train"], opts.seq, opts.windows), opts.batch)["loads"]
     train_balance = {r["layer"]: r["max_violation"] for r in balance_table(train_loads)}
     training = log_summary(read_log(ckpt / "log.csv"))
-    log("measuring samples and DSpark decoding ...")
-    decoding = measure_decoding(engine, opts)
+    n_bytes = text_bytes(engine.tokenizer, windows[:, 1:])
+    prompts = heldout_prompts(decode(tokens["heldout"].tolist()), opts.prompts, opts.prompt_words)
+    log(f"measuring samples and DSpark decoding on {len(prompts)} held-out prompts ...")
+    samples, dspark = measure_samples(engine, opts), measure_dspark(engine, prompts, opts)
+    log("measuring the text quality of greedy continuations ...")
+    known = set(words_of(decode(tokens["train"].tolist())))            # coined words are not in it
+    quality = measure_text_quality(engine, prompts, opts, known)
     acc = account(args)
     card = {
         "format": "v41viz-model-card/1", "checkpoint": str(ckpt), "data": str(data),
@@ -268,135 +253,20 @@ def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptio
                   "bytes_on_disk": sum(f.stat().st_size for f in checkpoint_files(ckpt))},
         "training": {k: v for k, v in training.items() if k != "curve"},
         "heldout": {"windows": len(windows), "seq": opts.seq, "tokens": held["tokens"], "loss": held["loss"],
-                    "perplexity": math.exp(held["loss"]), "unigram_loss": base, "unigram_perplexity": math.exp(base)},
+                    "perplexity": math.exp(held["loss"]), "unigram_loss": base, "unigram_perplexity": math.exp(base),
+                    "bytes": n_bytes, "bits_per_byte": bits_per_byte(held["loss"], held["tokens"], n_bytes),
+                    "unigram_bits_per_byte": bits_per_byte(base, held["tokens"], n_bytes)},
         "expert_balance": {"layers": [{**r, "train_max_violation": train_balance.get(r["layer"])} for r in balance],
                            "max_violation": max((r["max_violation"] for r in balance), default=None),
                            "train_max_violation": max(train_balance.values(), default=None)},
-        "engram": engram, "drafter_training": drafter_phases(ckpt), **decoding,
+        "engram": engram, "drafter_training": drafter_phases(ckpt),
+        "heldout_prompts": {"prompts": prompts, "rule": f"{len(prompts)} speeches spread evenly over the held-out "
+                            f"works, each as its speaker's heading and first {opts.prompt_words} words "
+                            "(engine.training.card_prompts)"},
+        "decoding_options": {"repetition_penalty": opts.repetition_penalty, "no_repeat_ngram": opts.no_repeat_ngram},
+        "dspark": dspark, "text_quality": quality, **samples,
     }
     plot_loss(training["curve"], base, ckpt / "loss_curve.png")
     (ckpt / "card.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
     (ckpt / "MODEL_CARD.md").write_text(render(card), encoding="utf-8")
     return card
-
-
-def _f(x, digits: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def _range(pair) -> str:
-    return "n/a" if not pair else f"{pair[0]:.2f}–{pair[1]:.2f}"
-
-
-def _positions(rates) -> str:
-    return "n/a" if not rates else " / ".join("–" if x != x else f"{100 * x:.0f}%" for x in rates)
-
-
-def readme_table(card: dict) -> str:
-    """The README's table of the shipped model, from card.json (tests/test_readme.py checks the README holds it)."""
-    h, b, e, d = card["heldout"], card["expert_balance"], card["engram"], card["dspark"]
-    works = ", ".join(w.removesuffix("_gut").replace("_", " ").title() for w in card["corpus"]["works"]["heldout"])
-    worst = max(b["layers"], key=lambda r: r["max_violation"])
-    best = min(b["layers"], key=lambda r: r["max_violation"])
-    rows = [f"| measured by `python -m engine card` on held-out works ({works}) | |", "|---|---|",
-            f"| held-out loss / perplexity | {h['loss']:.3f} nats/token / {h['perplexity']:.1f} "
-            f"(unigram baseline {h['unigram_loss']:.3f} / {h['unigram_perplexity']:.1f}) |",
-            f"| expert load, max violation (max/mean − 1) | worst layer {worst['max_violation']:.3f} (best "
-            f"{best['max_violation']:.3f}) on the held-out works; worst {b['train_max_violation']:.3f} on as many "
-            "windows of training text |"]
-    if e:
-        rows.append("| Engram gates, mean | " + ", ".join(f"{r['mean']:.2f} ({r['layer']})" for r in e["layers"]) + " |")
-    if d:
-        for k in ("T=0", "T=1"):
-            r = d[k]
-            rows.append(f"| DSpark, {k.replace('=', ' = ')} | mean accepted length {r['mean_accepted_length']:.3f} over "
-                        f"{r['dspark_steps']} steps; {r['speedup']:.2f}× the tokens/s of plain decoding (per-repeat "
-                        f"range {_range(r['speedup_range'])}, {d['repeats']} repeats); "
-                        f"{'identical output' if r['outputs_identical'] else 'sampled output'}; acceptance by draft "
-                        f"position {_positions(r['per_position_acceptance'])} |")
-    m = card["measured"]
-    rows.append(f"| measured on | {m['date']}, {m['machine']}, torch {m['torch']}, {m['threads']} thread(s) |")
-    return "\n".join(rows) + "\n"
-
-
-def render(card: dict) -> str:
-    """MODEL_CARD.md from card.json (every number comes from the measurement)."""
-    m, t, h, b = card["model"], card["training"], card["heldout"], card["expert_balance"]
-    when = card.get("measured") or {}
-    out = [f"# Model card: {m['name'] or 'checkpoint'}", "",
-           "Generated by `python -m engine card`; every number below was measured by that script"
-           + (f" on {when['date']}, {when['machine']}, torch {when['torch']}, {when['threads']} thread(s)."
-              if when else "."), "",
-           "## Data", ""]
-    for s in card["sources"]:
-        out += [f"- {s.get('package')} from {s.get('registry')}: `{s.get('file')}`, sha256 `{s.get('sha256')}`",
-                f"  - licence: {s.get('licence')}"]
-    c = card["corpus"]
-    out += [f"- held-out works: {', '.join(c['works']['heldout']) or 'none listed'}; "
-            f"{len(c['works']['train'])} works for training",
-            f"- tokens: {', '.join(f'{k} {v:,}' for k, v in (c['tokens'] or {}).items())} "
-            f"(tokens.safetensors sha256 `{c['tokens_sha256']}`), vocabulary {c['vocab_size']} ids",
-            "", "## Size", "",
-            f"- parameters: {m['total_params']:,} total, {m['backbone_params']:,} backbone",
-            f"- weights on disk: {m['bytes_on_disk']:,} bytes", "",
-            "## Training", "", "![loss curve](loss_curve.png)", "",
-            f"- {t['steps']:,} steps, {t['tokens']:,} tokens, {_f(t['elapsed_s'], 0)} s, "
-            f"median {_f(t['median_tokens_per_s'], 0)} tokens/s",
-            f"- train loss (mean of the last 10 logged steps) {_f(t['final_train_loss_mean_last10'])}; "
-            f"last logged held-out loss {_f(t['last_logged_heldout_loss'])}; "
-            f"last logged max load violation {_f(t['final_max_violation'])}", "",
-            "## Held-out evaluation", "",
-            f"{h['windows']} windows of {h['seq']} tokens ({h['tokens']:,} predicted tokens).", "",
-            "| | loss (nats/token) | perplexity |", "|---|---|---|",
-            f"| model | {_f(h['loss'])} | {_f(h['perplexity'], 1)} |",
-            f"| unigram (train frequencies, add-one) | {_f(h['unigram_loss'])} | {_f(h['unigram_perplexity'], 1)} |",
-            "", "## Expert load balance (held-out tokens)", "",
-            f"Max violation = max load / mean load − 1; worst layer {_f(b['max_violation'])} on held-out text, "
-            f"{_f(b.get('train_max_violation'))} on as many windows of training text (where balancing set the biases).",
-            "", "| router | tokens routed | max load | min load | max violation | on training text |",
-            "|---|---|---|---|---|---|"]
-    out += [f"| {r['layer']} | {r['tokens_routed']} | {r['max_load']} | {r['min_load']} | {_f(r['max_violation'])} | "
-            f"{_f(r.get('train_max_violation'))} |" for r in b["layers"]]
-    e = card["engram"]
-    out += ["", "## Engram gates (held-out text)", ""]
-    if e is None:
-        out.append("This model has no Engram layers.")
-    else:
-        out += ["| layer | mean | p5 | p25 | p50 | p75 | p95 | mean per stream |", "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {r['layer']} | {_f(r['mean'])} | {_f(r['p5'])} | {_f(r['p25'])} | {_f(r['p50'])} | {_f(r['p75'])} | "
-                f"{_f(r['p95'])} | {' '.join(_f(x, 2) for x in r['per_stream_mean'])} |" for r in e["layers"]]
-        out += ["", "Highest-gated n-grams (mean gate over streams):", ""]
-        out += [f"- {_f(r['gate'])} `{r['ngram']!r}` ({r['layer']})" for r in e["top_ngrams"]]
-    d = card["dspark"]
-    out += ["", "## DSpark speculative decoding", ""]
-    if d is None:
-        out.append("This model has no DSpark drafter.")
-    else:
-        out += [f"Prompts {', '.join(repr(p) for p in d['prompts'])}, one at a time (batch 1), {d['threads']} torch "
-                f"thread(s); tokens/s is the median of {d['repeats']} alternating plain/DSpark repeats, the ratio is "
-                "DSpark's median over plain's with the range of the per-repeat ratios.", "",
-                "| | DSpark steps | mean accepted length | acceptance rate | plain tokens/s | DSpark tokens/s | "
-                "ratio (range) | same output |",
-                "|---|---|---|---|---|---|---|---|"]
-        for k in ("T=0", "T=1"):
-            r = d[k]
-            out.append(f"| {k} | {r.get('dspark_steps', 'n/a')} | {_f(r['mean_accepted_length'])} | "
-                       f"{_f(r['acceptance_rate'])} | {_f(r['plain_tokens_per_s'], 1)} | "
-                       f"{_f(r['dspark_tokens_per_s'], 1)} | {_f(r['speedup'], 2)} ({_range(r.get('speedup_range'))}) | "
-                       f"{'yes' if r['outputs_identical'] else 'no'} |")
-        out += ["", "Acceptance by draft position k (DSpark steps that verified draft k with drafts 1..k−1 accepted, "
-                "the share that accepted it too): "
-                + "; ".join(f"{k} {_positions(d[k].get('per_position_acceptance'))}" for k in ("T=0", "T=1")) + "."]
-        out += ["", "At T=1 the sampled tokens follow the same distribution but need not be the same tokens."]
-        phases = card.get("drafter_training") or []
-        if phases:
-            out += ["", "Drafter training (backbone frozen; block cross-entropy over each phase's own batches, so "
-                    "phases trained on different data are not comparable):", "",
-                    "| log | steps | seconds | block CE, last 10 steps |", "|---|---|---|---|"]
-            out += [f"| {p['log']} | {p['steps']} | {_f(p['elapsed_s'], 0)} | {_f(p['final_ce_mean_last10'])} |"
-                    for p in phases]
-    s = card["sample_settings"]
-    out += ["", f"## Samples (temperature {s['temperature']}, seed {s['seed']}, {s['max_new_tokens']} new tokens)", ""]
-    for r in card["samples"]:
-        out += ["```", r["prompt"] + r["text"], "```"]
-    return "\n".join(out) + "\n"

@@ -1,0 +1,63 @@
+"""The logit lens's read-outs and stream RMS of one forward, handed to the trace: a layer at a time, or for a one-token
+step all layers at once after the last (collapse and RMS batched; the final norm left to the trace, which applies it
+row by row when it resolves the lens, so every value keeps the bits of the per-layer path)."""
+from __future__ import annotations
+
+import torch
+
+from .mhc import collapse
+from .norm import upcast
+
+
+def stream_rms(h: torch.Tensor) -> torch.Tensor:
+    """Each hc stream's RMS: h [..., hc, dim] → [..., hc] fp32."""
+    return torch.linalg.vector_norm(upcast(h), dim=-1) * h.size(-1) ** -0.5
+
+
+class LensReads:
+    """Made by Transformer.run_layers when its trace records the lens: add() after each layer, finish() for the
+    logits' input. A call of one token on the CPU (fp32, V4.1's collapse read-out, eager) keeps each recorded layer's
+    streams (a few KB) until finish(), which reads them all out in a few ops instead of about ten per layer."""
+
+    def __init__(self, model, n_tokens: int, ctx):   # n_tokens: B·S
+        self.model = model
+        self.batched = (n_tokens == 1 and not ctx.static and not model.family.hc_head and
+                        model.dtype == torch.float32 and model.device.type == "cpu")
+        self.layers: list[tuple] = []   # batched: (path, h_in, h, pre) of each recorded layer
+        self.last: tuple | None = None   # per layer: the last recorded layer's (h, read-out)
+        self.rms: tuple | None = None    # per layer: the last streams' (h, RMS): a layer's input is the last output
+
+    def add(self, path: str, h_in: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, ctx) -> None:
+        """After a layer: its input and output streams h_in, h [B, S, hc, dim] and the pre h is read out with."""
+        if not ctx.trace.wants_lens(path):
+            return
+        if self.batched:
+            self.layers.append((path, h_in, h, pre))
+            return
+        x = self.model.readout(h, pre)
+        rows, pos = ctx.trace_rows()
+        ctx.trace.record_lens(path, rows, pos, x, self._rms(h_in), self._rms(h), self.model.lens_logits)
+        self.last = (h, x)
+
+    def finish(self, h: torch.Tensor, pre: torch.Tensor, ctx) -> torch.Tensor:
+        """The read-out of the last layer's streams h [B, S, hc, dim] (the logits' input), after the batched
+        layers are recorded; where the lens read out that layer, its own read-out."""
+        if not self.batched:
+            return self.last[1] if self.last is not None and self.last[0] is h else self.model.readout(h, pre)
+        if not self.layers:
+            return self.model.readout(h, pre)
+        paths, ins, outs, pres = zip(*self.layers)
+        before_norm = collapse(torch.cat(outs), torch.cat(pres)).unsqueeze(1)   # [L, 1, 1, dim]
+        streams = list({id(t): t for t in (*ins, *outs)}.values())              # each distinct [1, 1, hc, dim] once
+        at = {id(t): k for k, t in enumerate(streams)}
+        rms = stream_rms(torch.cat(streams)).unsqueeze(1).unbind(0)             # [1, 1, hc] each
+        rows, pos = ctx.trace_rows()
+        trace, head, norm = ctx.trace, self.model.lens_logits, self.model.norm
+        for path, h_in, h_out, x in zip(paths, ins, outs, before_norm.unbind(0)):
+            trace.record_lens(path, rows, pos, x, rms[at[id(h_in)]], rms[at[id(h_out)]], head, norm)
+        return self.model.norm(before_norm[-1]) if outs[-1] is h else self.model.readout(h, pre)
+
+    def _rms(self, h: torch.Tensor) -> torch.Tensor:
+        if self.rms is None or self.rms[0] is not h:
+            self.rms = (h, stream_rms(h))
+        return self.rms[1]

@@ -1,0 +1,141 @@
+"""DSpark against plain decoding on the shipped model at T = 0: per held-out prompt, tokens/s ratios, accepted length.
+
+    .venv/bin/python scripts/bench_dspark.py [--repeats 5] [--new-tokens 64] [--prompts 8] [--threads 1]
+        [--checkpoint checkpoints/default] [--data data/shakespeare] [--json OUT]
+
+The prompts are the model card's (engine.training.card_prompts: speech openings spread evenly over the held-out works
+of the prepared corpus, which no training step saw). One process, one thread: every repeat runs each prompt in the
+three modes back to back (plain, DSpark with the auto schedule, DSpark verifying all drafts; the order rotates with
+the repeat), so a change of machine load reaches the modes of a pair alike; the ratios are per pair (mode / plain
+of the same prompt and repeat) and the table shows their median and range. Decode tokens/s counts the tokens after
+the first (which the prefill makes) per second of decode; the CPU-time ratios compare whole calls (prefill
+included, alike in every mode) in this thread's CPU seconds, which other work on the machine does not stretch.
+The auto schedule's table is this machine's, profiled on first use (engine.dspark.profile). The load average is
+printed before and after: other work on the machine slows every mode, but not alike (a DSpark step reads more
+weights), so compare ratios measured at similar loads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODES = ("plain", "auto", "all")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "default"))
+    p.add_argument("--data", default=str(ROOT / "data" / "shakespeare"), help="the prepared corpus (held-out works)")
+    p.add_argument("--prompts", type=int, default=8, help="held-out prompts (the card's rule)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="also write the per-run numbers to this file")
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.new_tokens < 2 or args.prompts < 1 or args.threads < 1:
+        p.error("--repeats, --prompts and --threads must be at least 1, --new-tokens at least 2")
+    return args
+
+
+def held_out_prompts(engine, data: Path, count: int) -> list[str]:
+    from engine.training.card_prompts import heldout_prompts
+    from engine.training.corpus import load_tokens
+    if not (data / "tokens.safetensors").exists():
+        raise SystemExit(f"error: {data} holds no prepared corpus (tokens.safetensors): run scripts/test.sh once, or "
+                         "python -m engine.training.prepare_data, to make it")
+    return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count)
+
+
+def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int) -> dict:
+    cpu = time.thread_time()
+    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode])
+    out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
+    if mode != "plain":
+        m = res.metrics
+        out.update(accepted_length=m.mean_accepted_length, drafting_steps=m.steps, plain_steps=res.plain_steps)
+    return out
+
+
+def table(prompts: list[str], runs: list[dict]) -> list[str]:
+    def spread(xs):
+        return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+    def ratios(mine, mode, key="tokens_per_s"):
+        if key == "cpu_s":   # the same tokens in less CPU time: plain's seconds over the mode's
+            return [r["plain"]["cpu_s"] / r[mode]["cpu_s"] for r in mine]
+        return [r[mode][key] / r["plain"][key] for r in mine]
+    lines = ["| prompt | plain tokens/s | auto / plain | all / plain | auto / plain, CPU time | all / plain, CPU time "
+             "| accepted length auto / all | auto's plain steps | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    every = {key: [] for key in ("auto", "all", "auto_cpu", "all_cpu")}
+    for i, prompt in enumerate(prompts):
+        mine = [r for r in runs if r["prompt"] == i]
+        got = {"auto": ratios(mine, "auto"), "all": ratios(mine, "all"), "auto_cpu": ratios(mine, "auto", "cpu_s"),
+               "all_cpu": ratios(mine, "all", "cpu_s")}
+        for key, xs in got.items():
+            every[key] += xs
+        steps = sum(r["auto"]["plain_steps"] for r in mine), sum(r["auto"]["drafting_steps"] for r in mine)
+        accepted = [statistics.mean(r[m]["accepted_length"] for r in mine) for m in ("auto", "all")]
+        same = all(r[m]["tokens"] == r["plain"]["tokens"] for r in mine for m in ("auto", "all"))
+        plain = statistics.median(r["plain"]["tokens_per_s"] for r in mine)
+        lines.append(f"| {prompt.replace(chr(10), ' ')} | {plain:.1f} | "
+                     f"{' | '.join(spread(got[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} | "
+                     f"{accepted[0]:.2f} / {accepted[1]:.2f} | {steps[0]} of {sum(steps)} | "
+                     f"{'yes' if same else 'NO'} |")
+    lines.append(f"| all prompts | | {' | '.join(spread(every[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} "
+                 "| | | |")
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from engine.bench.cpu import machine_description
+    from engine.dspark.config import DSparkConfig
+    from engine.dspark.profile import stored_table, table_path
+    from engine.generation import Engine
+    torch.set_num_threads(args.threads)
+    engine = Engine.load(checkpoint=args.checkpoint)
+    prompts = held_out_prompts(engine, Path(args.data), args.prompts)
+    if stored_table(engine.model) is None:
+        print(f"profiling this machine's steps/s table into {table_path(engine.model)} ...", file=sys.stderr)
+    configs = {"plain": None, "auto": DSparkConfig.from_settings("auto", model=engine.model),
+               "all": DSparkConfig("all")}
+    ids = [engine.encode_prompt(p) for p in prompts]
+    run(engine, ids[0], "auto", configs, 8)                         # warm-up: every path once
+    run(engine, ids[0], "plain", configs, 8)
+    load_before, t0 = os.getloadavg(), time.perf_counter()
+    runs = []
+    for rep in range(args.repeats):
+        for i, prompt_ids in enumerate(ids):
+            order = MODES[rep % 3:] + MODES[:rep % 3]
+            runs.append({"repeat": rep, "prompt": i,
+                         **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens) for mode in order}})
+            print(f"\rrepeat {rep + 1}/{args.repeats}, prompt {i + 1}/{len(ids)}", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    load_after = os.getloadavg()
+    print(f"DSpark vs plain decoding, T = 0, {args.new_tokens} new tokens, {args.repeats} interleaved repeats, "
+          f"{args.checkpoint}; {machine_description('cpu')}, torch {torch.__version__}, {args.threads} thread(s); "
+          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({time.perf_counter() - t0:.0f} s)")
+    sps = configs["auto"].sps
+    gamma = engine.args.dspark_block_size
+    print(f"auto's table ({table_path(engine.model)}, CPU time): a verify forward of 1..{gamma + 1} tokens "
+          f"{', '.join(f'{1000 / sps(s):.1f}' for s in range(1, gamma + 2))} ms, a draft step "
+          f"{1000 * sps.draft_cost(1):.1f} ms")
+    print("\n".join(table(prompts, runs)))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"prompts": prompts, "runs": runs, "load_average": [load_before,
+                                                                                                  load_after]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Which decoding options keep a checkpoint's greedy text readable: a grid of repetition penalties and no-repeat
+n-gram sizes, each measured on greedy continuations of held-out speech openings (not the card's own prompts) and
+of the card samples' fixed prompts ('ROMEO:', ...: where the shipped model's greedy text ran into whitespace).
+
+    .venv/bin/python scripts/decoding_sweep.py [--checkpoint checkpoints/default] [--data data/shakespeare]
+
+Prints one row per setting (engine.training.text_quality: whitespace tokens, longest whitespace run, repeated
+4-grams, words, known-word share); engine.model.sampling's SUGGESTED_* constants record the choice made from it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.generation import Engine  # noqa: E402
+from engine.training.card_decoding import PROMPTS, greedy_quality  # noqa: E402
+from engine.training.card_prompts import heldout_prompts  # noqa: E402
+from engine.training.corpus import load_tokens  # noqa: E402
+from engine.training.text_quality import REPEAT_N, words_of  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="checkpoints/default")
+    parser.add_argument("--data", default="data/shakespeare")
+    parser.add_argument("--new-tokens", type=int, default=200)
+    parser.add_argument("--penalties", default="1,1.1,1.2,1.3,1.5", help="comma-separated repetition penalties")
+    parser.add_argument("--ngrams", default="0,3,6", help="comma-separated no-repeat n-gram sizes")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
+    engine = Engine.load(checkpoint=args.checkpoint)
+    tokens = load_tokens(args.data)
+    held = engine.tokenizer.decode(tokens["heldout"].tolist())
+    # 16 speeches between the card's 8 (which sit at the middles of eight equal parts of the held-out speeches)
+    groups = {"held-out": heldout_prompts(held, 8, phase=0.25) + heldout_prompts(held, 8, phase=0.75),
+              "fixed": list(PROMPTS)}
+    known = set(words_of(engine.tokenizer.decode(tokens["train"].tolist())))
+    print(f"{len(groups['held-out'])} held-out prompts and the {len(PROMPTS)} fixed ones, {args.new_tokens} greedy "
+          "tokens each, one batch per group")
+    print(f"| repetition penalty | no-repeat n-gram | prompts | whitespace tokens | longest whitespace run | repeated "
+          f"{REPEAT_N}-grams | words (fewest in one) | known words | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for penalty in (float(x) for x in args.penalties.split(",")):
+        for n in (int(x) for x in args.ngrams.split(",")):
+            for name, prompts in groups.items():
+                t0 = time.perf_counter()
+                q, _ = greedy_quality(engine, prompts, args.new_tokens, known, repetition_penalty=penalty,
+                                      no_repeat_ngram=n)
+                print(f"| {penalty:g} | {n} | {name} | {100 * q['whitespace_share']:.1f}% | "
+                      f"{q['longest_whitespace_run_tokens']} | {100 * q['repeated_ngram_share']:.1f}% | {q['words']} "
+                      f"({q['fewest_words']}) | {100 * q['known_word_share']:.1f}% | {time.perf_counter() - t0:.0f} |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
