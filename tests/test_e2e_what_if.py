@@ -1,11 +1,13 @@
 """End-to-end: the Inspect page's "What if…" (issue 20 item 4) in headless Chromium on the shipped default model — a
 run, the expert the selected token chose at a layer banned from that token on, the rerun, and what the page says
 checked against the two downloaded traces (the change, the routing change at that layer and token and none before,
-both texts and their first divergence); a layer without Engram gets the engine's sentence; Stop ends a rerun."""
+both texts and their first divergence); the rerun opened as the main run has a link that runs it again with the
+change; a layer without Engram gets the engine's sentence; Stop ends a rerun."""
 from __future__ import annotations
 
 import re
 import time
+from urllib.parse import parse_qs, urlsplit
 
 from playwright.sync_api import expect
 
@@ -122,6 +124,21 @@ def test_ban_the_chosen_expert_from_the_selected_token_on(server, browser, scree
     assert page.locator("[data-testid='stException']").count() == 0
     page.locator(".st-key-what_if_applied").scroll_into_view_if_needed()
     page.screenshot(path=str(screenshots / "what_if.png"))
+    # opened as the main run, its link carries the change; the link offers the same what-if run, which reruns it
+    page.get_by_role("button", name="Open the rerun as the main run").click()
+    expect(page).to_have_url(re.compile(r"[?&]intervene="), timeout=30_000)
+    settled(page)
+    shared_link = page.url
+    assert parse_qs(urlsplit(shared_link).query)["intervene"] == [change.text], shared_link
+    page.close()
+    page = open_inspect(browser, shared_link, height=1600)
+    expect(page.locator(".st-key-inspect_offer")).to_contain_text(f"It is a what-if run, with {change.describe()}")
+    page.get_by_role("button", name="Run the linked generation").click()
+    page.get_by_text(FINISHED).wait_for(timeout=180_000)
+    settled(page)
+    again = download(page, page.get_by_role("button", name=re.compile(r"^Download trace\.json")), tmp_path / "link.json")
+    assert again.meta["interventions"] == [change.text]
+    assert [t.token_id for t in again.tokens()] == [t.token_id for t in b]      # the same run again
     page.close()
     assert "Traceback" not in log_path.read_text()
 

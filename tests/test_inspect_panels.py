@@ -405,6 +405,21 @@ def test_links_parse_strictly_and_round_trip():
     assert "prompt" not in long and long["pid"] == prompt_id("x" * 2000) and parse_link(long)[0].prompt_id
 
 
+def test_links_carry_a_runs_what_if_changes():
+    """A what-if run's link names its changes (canonical text, comma-separated) and reads them back; a bad change,
+    or too many, is a note naming the key, and the link keeps its other parts."""
+    changes = ("ban-expert:3:5@12-", "engram-off:4", "mhc-identity:2@3-7")
+    query = link_params("checkpoint:default", {"prompt": "ROMEO:", "interventions": changes}, {})
+    assert query["intervene"] == "ban-expert:3:5@12-,engram-off:4,mhc-identity:2@3-7"
+    back, notes = parse_link(query)
+    assert notes == [] and back.interventions == changes and back.prompt == "ROMEO:"
+    assert "intervene" not in link_params("m", {"prompt": "x", "interventions": ()}, {})
+    for bad in ("ban-expert:3", "engram-off:4,nope:1", "ban-expert:3:5@9-2", ",".join(["engram-off:1"] * 17)):
+        link, notes = parse_link({"prompt": "Hi", "intervene": bad})
+        assert link.interventions == () and link.prompt == "Hi" and len(notes) == 1, (bad, notes)
+        assert notes[0].startswith(f"`intervene={bad[:39]}") and "was ignored" in notes[0]
+
+
 def test_the_nearest_layer_of_the_same_kind():
     from engine.spec.config import load_config
     from engine.spec.presets import list_presets

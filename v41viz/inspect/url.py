@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.dspark.config import SCHEDULES
+from engine.spec.errors import InputError
+from engine.spec.interventions import parse_intervention
 
 from .equivalent import NODE
 from .links import PANELS
@@ -21,6 +23,7 @@ FLOAT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,8})?", re.ASCII)
 BOOL = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 LAYER = re.compile(r"(layers|mtp)\.[0-9]{1,6}", re.ASCII)
 PROMPT_ID = re.compile(r"[0-9a-f]{12}", re.ASCII)
+MAX_CHANGES = 16           # what-if changes a link may carry (`intervene`, comma-separated)
 
 # URL key -> (GenSettings field, kind, low, high): the form's own bounds, so a value from a link always fits it
 SETTINGS = {"max_new": ("max_new_tokens", int, 1, 512), "temperature": ("temperature", float, 0.0, 5.0),
@@ -43,6 +46,8 @@ class InspectLink:
     seam: str = ""
     token: int | None = None
     arch: str = ""                 # the diagram config a node came from (its layer kinds and depth)
+    interventions: tuple[str, ...] = ()   # the run's what-if changes (their text form), checked against the model
+                                          # when it runs
 
 
 def one(params: Mapping, key: str) -> str | None:
@@ -87,6 +92,12 @@ def parse_link(params: Mapping) -> tuple[InspectLink, list[str]]:
             bad(key, v, why)
         else:
             link.settings[name] = value
+    if (v := one(params, "intervene")) is not None and v:
+        changes, why = _changes(v)
+        if why:
+            bad("intervene", v, why)
+        else:
+            link.interventions = changes
     if (v := one(params, "panel")) is not None:
         if v in PANELS:
             link.panel = v
@@ -134,13 +145,24 @@ def _setting(value: str, kind, low, high) -> tuple[object, str]:
     return number, ""
 
 
+def _changes(value: str) -> tuple[tuple[str, ...], str]:
+    """(what-if changes in their canonical text form, '') or ((), why the list was refused)."""
+    texts = value.split(",")
+    if len(texts) > MAX_CHANGES:
+        return (), f"at most {MAX_CHANGES} comma-separated changes"
+    try:
+        return tuple(parse_intervention(t).text for t in texts), ""
+    except InputError as e:
+        return (), str(e)
+
+
 def prompt_id(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def link_params(model: str, settings: dict[str, object], view: dict[str, object]) -> dict[str, str]:
-    """The query parameters of a run (model, prompt or its id, settings) and its view (panel, node, layer,
-    seam, token: empty ones left out)."""
+    """The query parameters of a run (model, prompt or its id, settings, what-if changes) and its view (panel, node,
+    layer, seam, token: empty ones left out)."""
     out = {"model": model}
     prompt = settings.get("prompt")
     if isinstance(prompt, str):
@@ -151,11 +173,12 @@ def link_params(model: str, settings: dict[str, object], view: dict[str, object]
     for key, (name, *_) in SETTINGS.items():
         if name in settings and settings[name] != "":
             out[key] = _text(settings[name])
+    if settings.get("interventions"):
+        out["intervene"] = ",".join(settings["interventions"])
     for key in ("panel", "node", "layer", "seam", "token"):
         if view.get(key) not in (None, ""):
             out[key] = str(view[key])
     return out
-
 
 
 def _text(value: object) -> str:

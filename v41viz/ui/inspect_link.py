@@ -11,7 +11,7 @@ from engine.spec.presets import list_presets
 
 from ..inspect.equivalent import kind_name, missing_reason, nearest_equivalent
 from ..inspect.links import panel_for
-from ..inspect.run import GenSettings, LiveRun, settings_of
+from ..inspect.run import GenSettings, LiveRun, describe_intervention, interventions_of, settings_of
 from ..inspect.url import PROMPT_INLINE, InspectLink, link_params, parse_link, prompt_id
 from .page_links import INSPECT_JUMP
 from .sidebar import UPLOADS, args_for
@@ -75,13 +75,16 @@ def offer_run(model: str) -> GenSettings | None:
     link: InspectLink | None = st.session_state.get(LINK)
     if not st.session_state.get(OFFER) or link is None or link.prompt is None:
         return None
-    settings = GenSettings(**({"prompt": link.prompt} | link.settings))
+    settings = GenSettings(**({"prompt": link.prompt} | link.settings), interventions=link.interventions)
     other = f" (the link was made with {link.model}, which this server cannot run)" if \
         link.model and link.model != model else ""
     with st.container(border=True, key="inspect_offer"):
         st.markdown(f":material/link: **This link shares a generation** on {model}{other}: prompt "
                     f"`{_short(link.prompt)}` ({len(link.prompt)} characters), {settings_summary(settings)}. "
                     "Run it to land on the view the link shows, or change the settings below first.")
+        if link.interventions:
+            st.markdown("It is a what-if run, with " + "; ".join(describe_intervention(t) for t in link.interventions)
+                        + " (the button runs it with these changes; Generate below runs without them).")
         if st.button("Run the linked generation", key="inspect_offer_run", icon=":material/play_arrow:",
                      type="primary"):
             st.session_state[OFFER] = False
@@ -148,7 +151,7 @@ def node_request(args, model: str, options: list[str] | None) -> str | None:
 def write_link(model: str, run: LiveRun, view: dict[str, object]) -> None:
     """The URL of the shown run: its model, prompt (or its short id), settings and the view."""
     settings = settings_of(run.trace.meta)
-    settings["prompt"] = run.prompt
+    settings["prompt"], settings["interventions"] = run.prompt, interventions_of(run.trace.meta)
     if len(run.prompt) > PROMPT_INLINE:
         store = _prompts()
         store[prompt_id(run.prompt)] = run.prompt
