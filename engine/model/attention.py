@@ -143,14 +143,20 @@ class Attention(nn.Module):
                     ckv = v4_kv_qdq(ckv, self.rope_dim) if self.v4_quant else fp4_qdq(ckv, 16, "e4m3")
                 cache.comp_kv[src][rows.unsqueeze(1), dest] = ckv.to(cache.comp_kv[src].dtype)
         width = ctx.width(ratio)
+        topk = self.read_rows(x, qr, cis, ctx, lambda: all_visible(ctx.visible(ratio), width))
+        return cache.comp_kv[src][rows, :width], topk
+
+    def read_rows(self, x, qr, cis, ctx: ForwardContext, every_row) -> torch.Tensor:
+        """The compressed rows each query reads: its own indexer's top-k (kept for the layers that reuse it), the
+        source layer's, or every visible row (V4 HCA: no indexer; every_row() makes them)."""
+        role = self.role
         if role.indexer in ("own", "reindex"):
             topk = self.indexer(x, qr, cis, ctx)
             ctx.topk[role.layer] = topk
-        elif role.indexer == "reuse":
-            topk = ctx.topk[role.index_source]
-        else:  # V4 HCA: no indexer, every visible compressed row
-            topk = all_visible(ctx.visible(ratio), width)
-        return cache.comp_kv[src][rows, :width], topk
+            return topk
+        if role.indexer == "reuse":
+            return ctx.topk[role.index_source]
+        return every_row()
 
 
 def _fp32_or(dtype):

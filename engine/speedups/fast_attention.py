@@ -114,12 +114,6 @@ class FastAttention(Attention):
                     ckv = v4_kv_qdq(ckv, self.rope_dim) if self.v4_quant else fp4_qdq(ckv, 16, "e4m3")
                 cache.comp_kv[src][dest] = cast(ckv, cache.comp_kv[src].dtype)
         width = call_width(ctx, ratio)
-        if role.indexer in ("own", "reindex"):
-            topk = self.indexer(x, qr, cis, ctx)
-            ctx.topk[role.layer] = topk
-        elif role.indexer == "reuse":
-            topk = ctx.topk[role.index_source]
-        else:  # V4 HCA: no indexer, every visible compressed row
-            topk = every_visible_row(ctx, ratio, width)
+        topk = self.read_rows(x, qr, cis, ctx, lambda: every_visible_row(ctx, ratio, width))
         return call_rows(ctx, cache.comp_kv[src])[:, :width], topk
 
