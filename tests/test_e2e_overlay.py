@@ -25,17 +25,20 @@ def shot(page, name: str, screenshots, locator: str = "") -> str:
 
 
 def pick(page, key: str, option: re.Pattern | str) -> None:
-    """Choose an option of the selectbox under `key` (a click that lands during a rerun is retried)."""
+    """Choose an option of the selectbox under `key`, until the box shows it (a click that lands while a rerun
+    redraws the list is lost, so it is tried again)."""
+    box = page.locator(f".st-key-{key} input")
     for _ in range(5):
-        page.locator(f".st-key-{key} input").click()
+        box.click()
         try:
-            page.get_by_role("option").first.wait_for(timeout=5_000)
-            break
+            page.get_by_role("option", name=option).first.click(timeout=5_000)
         except Exception:
             page.keyboard.press("Escape")
-            settled(page)
-    page.get_by_role("option", name=option).first.click()
-    settled(page)
+        settled(page)
+        shown = box.input_value()   # the chosen option's text
+        if option.search(shown) if isinstance(option, re.Pattern) else option in shown:
+            return
+    raise AssertionError(f"{key}: could not choose {option!r} (the box shows {shown!r})")
 
 
 def values(page, root: str = "") -> dict[str, str]:
