@@ -59,3 +59,20 @@ TICK_OVERLAPS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].ma
 def tick_overlaps(page) -> dict[str, list[str]]:
     """{chart title: overlapping tick label pairs} for every chart that has any."""
     return {title: pairs for title, pairs in page.evaluate(TICK_OVERLAPS_JS) if pairs}
+
+
+def pick(page, key: str, option: re.Pattern | str) -> None:
+    """Choose an option of the selectbox under `key`, until the box shows it (a click that lands while a rerun
+    redraws the list is lost, so it is tried again)."""
+    box = page.locator(f".st-key-{key} input")
+    for _ in range(5):
+        box.click()
+        try:
+            page.get_by_role("option", name=option).first.click(timeout=5_000)
+        except Exception:
+            page.keyboard.press("Escape")
+        settled(page)
+        shown = box.input_value()   # the chosen option's text
+        if option.search(shown) if isinstance(option, re.Pattern) else option in shown:
+            return
+    raise AssertionError(f"{key}: could not choose {option!r} (the box shows {shown!r})")

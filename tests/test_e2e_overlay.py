@@ -11,7 +11,7 @@ import numpy as np
 from playwright.sync_api import expect
 
 from engine.trace import load_trace
-from tests.browser_helpers import FINISHED, WAIT_PAGE, open_inspect, settled
+from tests.browser_helpers import FINISHED, WAIT_PAGE, open_inspect, pick, settled
 
 LAYER = 5          # a layer of the default model whose MoE box the test follows to Inspect and back
 WAIT_RERUN = 60_000
@@ -22,23 +22,6 @@ def shot(page, name: str, screenshots, locator: str = "") -> str:
     (page.locator(locator).first if locator else page).screenshot(path=path)
     shutil.copy(path, screenshots / f"overlay_{name}.png")
     return path
-
-
-def pick(page, key: str, option: re.Pattern | str) -> None:
-    """Choose an option of the selectbox under `key`, until the box shows it (a click that lands while a rerun
-    redraws the list is lost, so it is tried again)."""
-    box = page.locator(f".st-key-{key} input")
-    for _ in range(5):
-        box.click()
-        try:
-            page.get_by_role("option", name=option).first.click(timeout=5_000)
-        except Exception:
-            page.keyboard.press("Escape")
-        settled(page)
-        shown = box.input_value()   # the chosen option's text
-        if option.search(shown) if isinstance(option, re.Pattern) else option in shown:
-            return
-    raise AssertionError(f"{key}: could not choose {option!r} (the box shows {shown!r})")
 
 
 def values(page, root: str = "") -> dict[str, str]:

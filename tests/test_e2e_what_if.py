@@ -13,25 +13,10 @@ from playwright.sync_api import expect
 
 from engine.spec.interventions import Intervention
 from engine.trace import load_trace
-from tests.browser_helpers import FINISHED, open_inspect, settled
+from tests.browser_helpers import FINISHED, open_inspect, pick, settled
 
 LAYER, POS, NEW = 5, 4, 24     # the Experts panel at layers.5.ffn and the prompt's ':' (BOS RO ME O :)
 RERUN_DONE = re.compile(r"rerun status: (stopped at max new tokens|reached end of text)")
-
-
-def pick(page, key: str, option: re.Pattern | str) -> None:
-    """Choose an option of the selectbox under `key`; a list that closes under a rerun is opened again."""
-    for _ in range(5):
-        settled(page)
-        page.locator(f".st-key-{key} input").click()
-        try:
-            page.get_by_role("option", name=option).first.click(timeout=5_000)
-            break
-        except Exception:
-            page.keyboard.press("Escape")
-    else:
-        raise AssertionError(f"no option {option!r} in {key}")
-    settled(page)
 
 
 def experts(trace, layer: int, pos: int) -> list[int] | None:
