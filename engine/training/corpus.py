@@ -111,7 +111,7 @@ def tokenize(texts: list[str], tokenizer: Tokenizer) -> list[list[int]]:
     return [[BOS_ID, *tokenizer.encode(t), EOS_ID] for t in texts]
 
 
-def prepare(out_dir: str | Path, sdist: str | Path | None = None, min_count: int = 3,
+def prepare(out_dir: str | Path, sdist: str | Path | None = None, min_count: int = 40,
             tokenizer: Tokenizer | None = None, log=print) -> dict:
     """Write tokens.safetensors (train/heldout model ids, int32), id_map.json and manifest.json to out_dir."""
     from safetensors.numpy import save_file
