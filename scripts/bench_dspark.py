@@ -46,11 +46,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def held_out_prompts(engine, data: Path, count: int) -> list[str]:
+    """The card's prompts from the corpus the checkpoint was trained on (the card's checks: it exists, and its ids
+    mean what the checkpoint's do)."""
+    from engine.spec.errors import InputError
+    from engine.training.card import check_same_vocabulary
     from engine.training.card_prompts import heldout_prompts
     from engine.training.corpus import load_tokens
     if not (data / "tokens.safetensors").exists():
         raise SystemExit(f"error: {data} holds no prepared corpus (tokens.safetensors): run scripts/test.sh once, or "
-                         "python -m engine.training.prepare_data, to make it")
+                         f"python -m engine prepare_data --out {data}, to make it")
+    try:
+        check_same_vocabulary(engine, data)
+    except InputError as e:
+        raise SystemExit(f"error: {e}") from None
     return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count)
 
 

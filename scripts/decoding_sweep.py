@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.generation import Engine  # noqa: E402
+from engine.training.card import check_same_vocabulary  # noqa: E402
 from engine.training.card_decoding import PROMPTS, greedy_quality  # noqa: E402
 from engine.training.card_prompts import heldout_prompts  # noqa: E402
 from engine.training.corpus import load_tokens  # noqa: E402
@@ -35,6 +36,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint)
+    check_same_vocabulary(engine, Path(args.data))   # the corpus's ids must mean what the checkpoint's do
     tokens = load_tokens(args.data)
     held = engine.tokenizer.decode(tokens["heldout"].tolist())
     # 16 speeches between the card's 8 (which sit at the middles of eight equal parts of the held-out speeches)

@@ -11,7 +11,7 @@ import torch
 from ..spec.errors import InputError
 from .calibration import OnlineCalibration
 from .fallback import PlainFallback
-from .profile import load_or_profile, stored_table, table_path
+from .profile import profile_and_store, stored_table, table_path
 from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
 
 # schedule name -> what it verifies (the CLI's --schedule choices and the app's selector)
@@ -56,10 +56,11 @@ class DSparkConfig:
             if getattr(model, "world", None) is not None:  # each rank would profile alone, and schedule differently
                 raise InputError("DSpark schedule 'auto' profiles one process; a torchrun launch uses 'all' or "
                                  "'threshold'")
-            fresh = stored_table(model) is None
-            sps = load_or_profile(model)
-            if fresh and on_profiled is not None:
-                on_profiled(table_path(model))
+            sps = stored_table(model)
+            if sps is None:
+                sps = profile_and_store(model)
+                if on_profiled is not None:
+                    on_profiled(table_path(model))
         return cls(schedule, threshold=threshold, sps=sps)
 
     def temperature(self, gamma: int) -> torch.Tensor | None:

@@ -222,13 +222,15 @@ def stored_table(model, cache_dir: Path | str = CACHE_DIR) -> ThroughputTable | 
     return None
 
 
+def profile_and_store(model, cache_dir: Path | str = CACHE_DIR, **kw) -> ThroughputTable:
+    """profile_throughput(model, **kw), stored where stored_table finds it."""
+    table = profile_throughput(model, **kw)
+    save_table(table, table_path(model, cache_dir))
+    return table
+
+
 def load_or_profile(model, cache_dir: Path | str = CACHE_DIR, **kw) -> ThroughputTable:
     """The stored table for this model on this machine (stored_table), profiled and stored when there is none
     or it is stale."""
     table = stored_table(model, cache_dir)
-    if table is not None:
-        return table
-    path = table_path(model, cache_dir)
-    table = profile_throughput(model, **kw)
-    save_table(table, path)
-    return table
+    return table if table is not None else profile_and_store(model, cache_dir, **kw)

@@ -125,11 +125,10 @@ class FastMoE(MoE):
         [N, dim] fp32."""
         return self.gathered_pairs(x, weights.reshape(-1, 1), ids.reshape(-1), x.size(0))
 
-    def gathered_pairs(self, x: torch.Tensor, weights: torch.Tensor, pick: torch.Tensor, N: int,
-                       used: list[int] | None = None) -> torch.Tensor:
-        """x [N, dim]; the (token, slot) pairs token-major: pick [N·k] expert ids, weights [N·k, 1]; used: pick as
-        a host list when known (only those experts' stack slices are checked) → [N, dim] fp32."""
-        w13, w2t = self.fused(used)
+    def gathered_pairs(self, x: torch.Tensor, weights: torch.Tensor, pick: torch.Tensor, N: int) -> torch.Tensor:
+        """x [N, dim]; the (token, slot) pairs token-major: pick [N·k] expert ids, weights [N·k, 1] → [N, dim]
+        fp32."""
+        w13, w2t = self.fused()
         P, inter = pick.size(0), w2t.size(1)
         act_quant = self.experts[0].w1.act_quant
         xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
