@@ -10,6 +10,7 @@ Prints one row per setting (engine.training.text_quality: whitespace tokens, lon
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,23 @@ from engine.training.card import check_same_vocabulary  # noqa: E402
 from engine.training.card_decoding import PROMPTS, greedy_quality  # noqa: E402
 from engine.training.card_prompts import heldout_prompts  # noqa: E402
 from engine.training.corpus import load_tokens  # noqa: E402
-from engine.training.text_quality import REPEAT_N, words_of  # noqa: E402
+from engine.training.text_quality import REPEAT_N, measure, pooled, words_of  # noqa: E402
+
+
+def held_out_text_itself(engine, held: str, prompts: list[str], new_tokens: int, known: set[str]) -> dict:
+    """The measures on the held-out text's own next `new_tokens` tokens after each prompt: what real text reads."""
+    tok, rows = engine.tokenizer, []
+    for prompt in prompts:
+        start = re.search(r"\s+".join(map(re.escape, prompt.split())), held).end()   # as the text spaces it
+        ids = engine.encode(held[start:start + 16 * new_tokens], add_bos=False)[:new_tokens]
+        rows.append(measure(ids, [tok.token_text(t) for t in ids], tok.decode(ids), known=known))
+    return pooled(rows)
+
+
+def row(label: str, n: str, name: str, q: dict, seconds: str) -> str:
+    return (f"| {label} | {n} | {name} | {100 * q['whitespace_share']:.1f}% | {q['longest_whitespace_run_tokens']} | "
+            f"{100 * q['repeated_ngram_share']:.1f}% | {q['words']} ({q['fewest_words']}) | "
+            f"{100 * q['known_word_share']:.1f}% | {seconds} |")
 
 
 def main() -> int:
@@ -29,7 +46,7 @@ def main() -> int:
     parser.add_argument("--checkpoint", default="checkpoints/default")
     parser.add_argument("--data", default="data/shakespeare")
     parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--penalties", default="1,1.1,1.2,1.3,1.5", help="comma-separated repetition penalties")
+    parser.add_argument("--penalties", default="1,1.1,1.2,1.3,1.4,1.5,1.7,2", help="comma-separated repetition penalties")
     parser.add_argument("--ngrams", default="0,3,6", help="comma-separated no-repeat n-gram sizes")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -48,16 +65,15 @@ def main() -> int:
     print(f"| repetition penalty | no-repeat n-gram | prompts | whitespace tokens | longest whitespace run | repeated "
           f"{REPEAT_N}-grams | words (fewest in one) | known words | seconds |")
     print("|---|---|---|---|---|---|---|---|---|")
+    print(row("the held-out text itself", "", "held-out",
+              held_out_text_itself(engine, held, groups["held-out"], args.new_tokens, known), ""), flush=True)
     for penalty in (float(x) for x in args.penalties.split(",")):
         for n in (int(x) for x in args.ngrams.split(",")):
             for name, prompts in groups.items():
                 t0 = time.perf_counter()
                 q, _ = greedy_quality(engine, prompts, args.new_tokens, known, repetition_penalty=penalty,
                                       no_repeat_ngram=n)
-                print(f"| {penalty:g} | {n} | {name} | {100 * q['whitespace_share']:.1f}% | "
-                      f"{q['longest_whitespace_run_tokens']} | {100 * q['repeated_ngram_share']:.1f}% | {q['words']} "
-                      f"({q['fewest_words']}) | {100 * q['known_word_share']:.1f}% | {time.perf_counter() - t0:.0f} |",
-                      flush=True)
+                print(row(f"{penalty:g}", str(n), name, q, f"{time.perf_counter() - t0:.0f}"), flush=True)
     return 0
 
 

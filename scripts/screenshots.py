@@ -1,6 +1,7 @@
 """Take the README's screenshots from a fresh `streamlit run app.py` in headless Chromium (writes docs/*.png).
 
-Usage: .venv/bin/python scripts/screenshots.py [PAGE ...]   (pages: architecture, inspect, what_if; default all)
+Usage: .venv/bin/python scripts/screenshots.py [PAGE ...]   (pages: architecture, inspect, overlay, what_if; default
+all)
 One function per page; each opens its page in a fresh browser context and saves one picture.
 """
 from __future__ import annotations
@@ -58,8 +59,28 @@ def inspect(browser, base: str) -> Path:
     return shoot(page, top, bottom, DOCS / "inspect.png")
 
 
+def overlay(browser, base: str) -> Path:
+    """The Architecture page painted with a 40-token DSpark run of the shipped model made on Inspect: expert load per
+    MoE layer (the default metric), all tokens."""
+    page = browser.new_context(viewport={"width": WIDTH, "height": 2300}, device_scale_factor=1).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(base + "/inspect?prompt=ROMEO%3A&max_new=40&dspark=1&panel=Experts")
+    page.get_by_role("button", name="Run the linked generation").click()
+    page.get_by_text(re.compile(r"status: (stopped at max new tokens|reached end of text)")).wait_for()
+    page.get_by_role("link", name="architecture").first.click()
+    page.locator(".st-key-arch_live").get_by_text("Live data").first.wait_for()
+    page.locator(".st-key-arch_live label").first.click()
+    page.locator(".v41-painted").first.wait_for()
+    page.wait_for_function("() => !document.querySelector('[data-stale=true]') && "
+                           "!document.querySelector('[data-testid=stSkeleton]')")
+    page.wait_for_timeout(1500)
+    top = page.locator("h1").first.bounding_box()
+    bottom = page.locator(".v41-root").first.bounding_box()
+    return shoot(page, top, bottom, DOCS / "overlay.png")
+
+
 def what_if(browser, base: str) -> Path:
-    """The Inspect page's "What if…" after a 24-token run of the shipped model: the expert the prompt's ':' chose
+    """The Inspect page's "What if…" after a 24-token run of the shipped model: the expert the prompt's 'O' chose
     at layer 5 banned from that token on, the rerun beside the baseline, log-probabilities and routing changes."""
     # tall enough for the whole page: the section is under the panels, and a screenshot clip ends at the viewport
     page = browser.new_context(viewport={"width": WIDTH, "height": 5200}, device_scale_factor=1).new_page()
@@ -79,7 +100,7 @@ def what_if(browser, base: str) -> Path:
 
 
 def main() -> None:
-    pages = {"architecture": architecture, "inspect": inspect, "what_if": what_if}
+    pages = {"architecture": architecture, "inspect": inspect, "overlay": overlay, "what_if": what_if}
     unknown = [a for a in sys.argv[1:] if a not in pages]
     if unknown:
         raise SystemExit(f"unknown page(s) {', '.join(unknown)}; choose from {', '.join(pages)}")

@@ -8,7 +8,7 @@ from tests.test_app_inspect import generate, inspect_page
 from v41viz.ui.page_links import LIVE_RUN
 from v41viz.ui.what_if import STATE
 
-LAYER, POS = 3, 4      # a learned-routed layer of the shipped model and a prompt token ("ROMEO:" is BOS RO ME O :)
+LAYER, POS = 3, 4      # a learned-routed layer of the shipped model and a prompt token ("ROMEO:" is BOS RO M E O :)
 
 
 def experts(trace, layer: int, pos: int) -> set[int]:
@@ -56,7 +56,8 @@ def test_ban_the_chosen_expert_from_the_selected_token_on():
     assert f"**The change:** {sentence}" in shown and "rerun status: **stopped at max new tokens (10 tokens)**" in shown
     assert any(f"changed: {sentence}" in c.value for c in at.caption)
     dropped = sorted(chosen - experts(rerun, LAYER, POS))
-    assert f"| layers.{LAYER}.ffn | {POS} | : | {sorted(chosen)} | {sorted(experts(rerun, LAYER, POS))} | " \
+    token = next(t.text for t in baseline.trace.tokens() if t.pos == POS)
+    assert f"| layers.{LAYER}.ffn | {POS} | {token} | {sorted(chosen)} | {sorted(experts(rerun, LAYER, POS))} | " \
            f"{dropped} |" in shown, shown
     assert f"No expert choice changed before position {POS} (the first position the change applies at)" in shown
     metrics = {m.label: m.value for m in at.metric}

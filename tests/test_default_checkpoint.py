@@ -71,12 +71,13 @@ def test_greedy_and_seeded_sampling_are_deterministic(engine):
 
 
 def test_cli_default_prints_english_from_the_shipped_model(engine, corpus, capsys):
-    assert cli_main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "48"]) == 0
+    """Issue 21's check as a new user tries it: 120 greedy tokens after "ROMEO:" hold at least 20 words."""
+    assert cli_main(["generate", "--prompt", "ROMEO:", "--max-new-tokens", "120"]) == 0
     captured = capsys.readouterr()
     assert str(CKPT) in captured.err  # the default weights are the shipped checkpoint
     assert captured.out.startswith("ROMEO:")
     words = re.findall(r"[A-Za-z]+", captured.out[len("ROMEO:"):])[:-1]   # the last word may be cut off
-    assert len(words) >= 10, captured.out
+    assert len(words) >= 20, captured.out
     known = set(w.lower() for w in re.findall(r"[A-Za-z]+", engine.tokenizer.decode(corpus["train"].tolist())))
     share = sum(w.lower() in known for w in words) / len(words)
     # a small model also coins Shakespeare-like words ("substanting"); random weights score near 0
@@ -146,5 +147,8 @@ def test_card_text_quality_is_remeasured_equal(engine, card, corpus):
     with_options = q["runs"]["options"]
     assert card["decoding_options"] == {k: with_options[k] for k in ("repetition_penalty", "no_repeat_ngram")}
     # what the app's default decoding options are for (issue 21): no whitespace runs, no collapse into few words
-    assert with_options["longest_whitespace_run_tokens"] <= 2 and with_options["fewest_words"] >= 60
+    # (200 tokens of the 3,229-id vocabulary spell about 460 bytes of text: 59 words in the fewest of the held-out
+    # text's own 200-token stretches after scripts/decoding_sweep.py's prompts; a continuation that collapses into a
+    # repeated token or whitespace has a handful)
+    assert with_options["longest_whitespace_run_tokens"] <= 2 and with_options["fewest_words"] >= 50
     assert with_options["repeated_ngram_share"] < q["runs"]["off"]["repeated_ngram_share"]

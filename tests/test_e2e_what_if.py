@@ -15,7 +15,7 @@ from engine.spec.interventions import Intervention
 from engine.trace import load_trace
 from tests.browser_helpers import FINISHED, open_inspect, pick, settled
 
-LAYER, POS, NEW = 5, 4, 24     # the Experts panel at layers.5.ffn and the prompt's ':' (BOS RO ME O :)
+LAYER, POS, NEW = 5, 4, 24     # the Experts panel at layers.5.ffn and the prompt's 'O' (BOS RO M E O :)
 RERUN_DONE = re.compile(r"rerun status: (stopped at max new tokens|reached end of text)")
 
 
