@@ -75,7 +75,7 @@ def test_in_the_diagram_from_inspect_opens_a_shareable_config(server, browser, s
     page.get_by_text("Reading this diagram").wait_for(timeout=WAIT_PAGE)
     page.wait_for_function("() => window.location.search.includes('config=')", timeout=WAIT_RERUN)
     assert "upload" not in page.url
-    assert "config=default-small" in page.url        # the trained checkpoint's config is the default-small preset
+    assert "config=default-small-3k" in page.url     # the shipped checkpoint's config is the default-small-3k preset
     sidebar = page.locator("[data-testid='stSidebar']").inner_text()
     assert "(uploaded)" not in sidebar and "default.json" not in sidebar
     page.get_by_role("tab", name="Experts touched").click()

@@ -57,8 +57,8 @@ def test_a_run_paints_the_diagram_and_a_box_opens_inspect_and_back(server, brows
     page.locator(".v41-painted").first.wait_for(timeout=WAIT_RERUN)
     settled(page)
     main = page.locator("[data-testid='stMain']")
-    expect(main).to_contain_text("The diagram now shows default-small, the config of the run it paints")
-    assert page.locator("h1").first.inner_text() == "default-small"
+    expect(main).to_contain_text("The diagram now shows default-small-3k, the config of the run it paints")
+    assert page.locator("h1").first.inner_text() == "default-small-3k"
     shown = values(page)
     for layer in range(8):
         load = trace.expert_load(f"layers.{layer}.ffn", 16)
