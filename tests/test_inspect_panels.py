@@ -21,7 +21,7 @@ from v41viz.inspect.run import (
     settings_of,
     status_sentence,
 )
-from v41viz.inspect.tokens import alternatives, probability_text, token_table, visible
+from v41viz.inspect.tokens import alternatives, chosen_by, probability_text, token_detail_html, token_table, visible
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
 from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id
 from v41viz.ui import engine_session
@@ -52,6 +52,13 @@ def test_the_decoding_options_reach_the_engine_and_the_trace(slot):
     off = _run(slot, repetition_penalty=1.0, no_repeat_ngram=0)
     assert [t.token_id for t in off.trace.tokens(0) if t.generated] == \
         slot.engine.generate([ids], max_new_tokens=8).tokens[0] != want
+    # a generated token's line says how the run chose it; its probability is the model's own, before the options
+    last = len(ids) + 7
+    assert "(chosen greedily with repetition penalty 0.3 and no repeated 2-grams)" in \
+        token_detail_html(changed.trace, 0, last, slot.engine.tokenizer.token_text)
+    assert "(chosen greedily)" in token_detail_html(off.trace, 0, last, slot.engine.tokenizer.token_text)
+    assert chosen_by({"temperature": 0.8, "repetition_penalty": 1.0, "no_repeat_ngram": 3}) == \
+        "sampled at temperature 0.8 with no repeated 3-grams"
 
 
 @pytest.fixture(scope="module")
