@@ -1,14 +1,14 @@
 """Before/after benchmark: the engine at a git revision against the working tree, interleaved in one run.
 
-    .venv/bin/python scripts/bench_revision.py REV [--configs tiny-v4.1,default-small] [--threads 1,2] [--runs 5]
-        [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16] [--json OUT]
+    .venv/bin/python scripts/bench_revision.py REV [--configs tiny-v4.1,tiny-v4,configs/default-small-3k.json]
+        [--threads 1,2] [--runs 5] [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16] [--json OUT]
 
 REV is checked out into a temporary detached `git worktree`, removed at the end (also on an error, Ctrl-C or
 SIGTERM). Each run launches `python -m engine bench --json` once per side, config and thread count, each in a fresh
 process with that side's source tree as its cwd and first on PYTHONPATH; within a run the two sides of a pair follow
 each other (REV first on even runs, the working tree first on odd ones), so a busy machine slows both alike. The
-weights are random-init: speed does not depend on their values. `default-small` has the shipped model's config
-(checkpoints/default). The table shows each side's median [min–max] tokens/s over the runs, the ratio of the
+weights are random-init: speed does not depend on their values. `configs/default-small-3k.json` is the shipped
+model's config (checkpoints/default), passed as a file so that a revision from before that preset reads it too. The table shows each side's median [min–max] tokens/s over the runs, the ratio of the
 medians (working tree / REV, above 1 means the working tree is faster) and the range of the per-run pair ratios.
 """
 from __future__ import annotations
@@ -210,7 +210,8 @@ def table_lines(rows: list[dict], labels: dict) -> list[str]:
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rev", help="git revision to compare the working tree against (hash, branch, tag, HEAD~N)")
-    p.add_argument("--configs", default="tiny-v4.1,default-small", help="comma-separated presets or config files")
+    p.add_argument("--configs", default="tiny-v4.1,tiny-v4,configs/default-small-3k.json",
+                   help="comma-separated presets or config files")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default 1,2)")
     p.add_argument("--runs", type=int, default=5, help="interleaved launches per side, config and thread count")
     p.add_argument("--prompt-len", type=int, default=32)
