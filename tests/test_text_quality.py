@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.spec.errors import InputError
 from engine.training.card_prompts import heldout_prompts, speech_openings, spread
 from engine.training.text_quality import is_whitespace, longest_run, measure, pooled, repeated_ngrams
 
@@ -34,7 +35,7 @@ def test_one_continuation_measured():
     assert m["words"] == 3 and m["known_words"] is None   # Hence, home, you; no reference words given
     assert measure(ids, pieces, text, known={"hence", "you", "thee"})["known_words"] == 2   # lower-cased words
     assert measure([], [], "")["whitespace_share"] == 0.0
-    with pytest.raises(ValueError, match="3 token ids but 2 token texts"):
+    with pytest.raises(InputError, match="3 token ids but 2 token texts"):
         measure([1, 2, 3], ["a", "b"], "ab")
 
 
@@ -89,7 +90,7 @@ def test_speech_openings_are_headings_then_the_first_words():
     # heading followed by a blank line and a 'NAME:' line are no speeches; 'Go.' is too short
     assert speech_openings(PLAY, words=3) == ["FLAVIUS.\nHence! home, you", "FIRST CITIZEN.\nWhy, sir, a",
                                               "SECOND CITIZEN.\nTruly, sir, in"]
-    with pytest.raises(ValueError, match="words must be at least 1"):
+    with pytest.raises(InputError, match="words must be at least 1"):
         speech_openings(PLAY, words=0)
 
 
@@ -98,12 +99,12 @@ def test_prompts_are_spread_evenly_and_deterministically():
     assert spread(items, 4) == [12, 37, 62, 87]                 # the middle of each quarter
     assert spread(items, 4, phase=0.0) == [0, 25, 50, 75]
     assert spread(items[:3], 8) == [0, 1, 2]                    # fewer items than asked: all of them
-    with pytest.raises(ValueError, match="phase must lie in"):
+    with pytest.raises(InputError, match="phase must lie in"):
         spread(items, 4, phase=1.0)
     text = "\n\n".join(f"SPEAKER{'ABCDEFGHIJ'[i % 10]}.\nLine number {i} of the play." for i in range(40))
     got = heldout_prompts(text, count=4, words=3)
     assert got == heldout_prompts(text, count=4, words=3) == [
         "SPEAKERF.\nLine number 5", "SPEAKERF.\nLine number 15", "SPEAKERF.\nLine number 25", "SPEAKERF.\nLine number 35"]
     assert heldout_prompts(text, count=2, words=3, phase=0.0) == ["SPEAKERA.\nLine number 0", "SPEAKERA.\nLine number 20"]
-    with pytest.raises(ValueError, match="no speech to take the card's prompts from"):
+    with pytest.raises(InputError, match="no speech to take the card's prompts from"):
         heldout_prompts("JULIET: Wherefore art thou Romeo?\n", count=4)

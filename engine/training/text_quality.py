@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ..spec.errors import InputError
+
 REPEAT_N = 4  # the n of the repeated-n-gram share: 4 tokens, about a short phrase
 WORD = re.compile(r"[^\W\d_]+")  # a maximal run of letters
 
@@ -44,7 +46,7 @@ def measure(ids: Sequence[int], pieces: Sequence[str], text: str, n: int = REPEA
     known: the lower-cased words of a reference text (the training text), to count the words found in it (coined
     words are not; None leaves known_words None)."""
     if len(ids) != len(pieces):
-        raise ValueError(f"text quality: {len(ids)} token ids but {len(pieces)} token texts")
+        raise InputError(f"text quality: {len(ids)} token ids but {len(pieces)} token texts")
     blank = [is_whitespace(p) for p in pieces]
     runs = [len(m) for m in re.findall(r"\s+", text)]
     repeated, total = repeated_ngrams(ids, n)
