@@ -1,15 +1,17 @@
 """Before/after benchmark: the engine at a git revision against the working tree, interleaved in one run.
 
     .venv/bin/python scripts/bench_revision.py REV [--configs tiny-v4.1,tiny-v4,configs/default-small-3k.json]
-        [--threads 1,2] [--runs 5] [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16] [--json OUT]
+        [--threads 1,2] [--runs 5] [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16]
+        [--json OUT]
 
 REV is checked out into a temporary detached `git worktree`, removed at the end (also on an error, Ctrl-C or
 SIGTERM). Each run launches `python -m engine bench --json` once per side, config and thread count, each in a fresh
 process with that side's source tree as its cwd and first on PYTHONPATH; within a run the two sides of a pair follow
 each other (REV first on even runs, the working tree first on odd ones), so a busy machine slows both alike. The
 weights are random-init: speed does not depend on their values. `configs/default-small-3k.json` is the shipped
-model's config (checkpoints/default), passed as a file so that a revision from before that preset reads it too. The table shows each side's median [min–max] tokens/s over the runs, the ratio of the
-medians (working tree / REV, above 1 means the working tree is faster) and the range of the per-run pair ratios.
+model's config (checkpoints/default), passed as a file so that a revision from before that preset reads it too.
+The table shows each side's median [min–max] tokens/s over the runs, the ratio of the medians (working tree / REV,
+above 1 means the working tree is faster) and the range of the per-run pair ratios.
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ def held_out_text_itself(engine, held: str, prompts: list[str], new_tokens: int,
 
 
 def row(label: str, n: str, name: str, q: dict, seconds: str) -> str:
+    """One line of the printed table from pooled text-quality measures."""
     return (f"| {label} | {n} | {name} | {100 * q['whitespace_share']:.1f}% | {q['longest_whitespace_run_tokens']} | "
             f"{100 * q['repeated_ngram_share']:.1f}% | {q['words']} ({q['fewest_words']}) | "
             f"{100 * q['known_word_share']:.1f}% | {seconds} |")
@@ -46,7 +47,8 @@ def main() -> int:
     parser.add_argument("--checkpoint", default="checkpoints/default")
     parser.add_argument("--data", default="data/shakespeare")
     parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--penalties", default="1,1.1,1.2,1.3,1.4,1.5,1.7,2", help="comma-separated repetition penalties")
+    parser.add_argument("--penalties", default="1,1.1,1.2,1.3,1.4,1.5,1.7,2",
+                        help="comma-separated repetition penalties")
     parser.add_argument("--ngrams", default="0,3,6", help="comma-separated no-repeat n-gram sizes")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

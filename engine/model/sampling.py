@@ -18,8 +18,9 @@ MAX_SEED = 2**63 - 1  # the largest seed: torch.Generator.manual_seed takes 64 b
 # Decoding options against degenerate greedy text (runs of whitespace, a line repeated), off in the engine: the app's
 # defaults and the model card's "with options" rows. Chosen by measurement on the shipped model (scripts/decoding_sweep.py,
 # README "The default model"): 1.4 is the smallest penalty tried whose greedy text is no more repetitive than the
-# held-out text itself (fewer repeated 4-grams, no whitespace run, as many words); larger ones push the model further
-# from its own distribution. A no-repeat n-gram size adds little on top and blocks a speaker's heading from coming back.
+# held-out text itself (fewer repeated 4-grams, no whitespace run, no continuation with fewer words); larger ones push
+# the model further from its own distribution. A no-repeat n-gram size adds little on top and blocks a speaker's
+# heading from coming back.
 SUGGESTED_REPETITION_PENALTY = 1.4
 SUGGESTED_NO_REPEAT_NGRAM = 0
 
