@@ -25,6 +25,16 @@ SUGGESTED_REPETITION_PENALTY = 1.4
 SUGGESTED_NO_REPEAT_NGRAM = 0
 
 
+def option_phrases(repetition_penalty: float = 1.0, no_repeat_ngram: int = 0) -> list[str]:
+    """The decoding options that are on, in words: ['repetition penalty 1.4', 'no repeated 4-grams'] (none: [])."""
+    phrases = []
+    if repetition_penalty != 1.0:
+        phrases.append(f"repetition penalty {repetition_penalty:g}")
+    if no_repeat_ngram:
+        phrases.append(f"no repeated {no_repeat_ngram}-grams")
+    return phrases
+
+
 class NonFiniteLogitsError(EngineError):
     """The model produced NaN or Inf logits (broken weights or config values); no token can be chosen from them."""
 

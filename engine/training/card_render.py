@@ -1,6 +1,8 @@
 """Model card text: MODEL_CARD.md and the README table, rendered from card.json alone."""
 from __future__ import annotations
 
+from ..model.sampling import option_phrases
+
 
 def _f(x, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
@@ -20,12 +22,8 @@ def _pct(x) -> str:
 
 def options_label(settings: dict) -> str:
     """The decoding options in words: 'repetition penalty 1.2, no repeated 4-grams', or 'no decoding options'."""
-    parts = []
-    if settings.get("repetition_penalty", 1.0) != 1.0:
-        parts.append(f"repetition penalty {settings['repetition_penalty']:g}")
-    if settings.get("no_repeat_ngram", 0):
-        parts.append(f"no repeated {settings['no_repeat_ngram']}-grams")
-    return ", ".join(parts) or "no decoding options"
+    return ", ".join(option_phrases(settings.get("repetition_penalty", 1.0), settings.get("no_repeat_ngram", 0))) \
+        or "no decoding options"
 
 
 def run_label(key: str, run: dict) -> str:
