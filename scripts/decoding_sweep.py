@@ -22,7 +22,7 @@ from engine.training.card import check_same_vocabulary  # noqa: E402
 from engine.training.card_decoding import PROMPTS, greedy_quality  # noqa: E402
 from engine.training.card_prompts import heldout_prompts  # noqa: E402
 from engine.training.corpus import load_tokens  # noqa: E402
-from engine.training.text_quality import REPEAT_N, measure, pooled, words_of  # noqa: E402
+from engine.training.text_quality import REPEAT_N, measure_ids, pooled, words_of  # noqa: E402
 
 
 def held_out_text_itself(engine, held: str, prompts: list[str], new_tokens: int, known: set[str]) -> dict:
@@ -31,7 +31,7 @@ def held_out_text_itself(engine, held: str, prompts: list[str], new_tokens: int,
     for prompt in prompts:
         start = re.search(r"\s+".join(map(re.escape, prompt.split())), held).end()   # as the text spaces it
         ids = engine.encode(held[start:start + 16 * new_tokens], add_bos=False)[:new_tokens]
-        rows.append(measure(ids, [tok.token_text(t) for t in ids], tok.decode(ids), known=known))
+        rows.append(measure_ids(tok, ids, known))
     return pooled(rows)
 
 

@@ -5,7 +5,7 @@ import statistics
 
 import torch
 
-from .text_quality import REPEAT_N, measure, pooled
+from .text_quality import REPEAT_N, measure_ids, pooled
 
 PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")  # the samples' prompts (fixed, any style)
 # (key, temperature, with the decoding options): each a plain/DSpark comparison on the held-out prompts
@@ -88,8 +88,8 @@ def greedy_quality(engine, prompts: list[str], new_tokens: int, known: set[str] 
     known: the training text's words (engine.training.text_quality.words_of), for the known-word share."""
     tok = engine.tokenizer
     result = engine.generate([engine.encode(p) for p in prompts], max_new_tokens=new_tokens, **options)
-    rows = [{"prompt": p, **measure(ids, [tok.token_text(t) for t in ids], tok.decode(ids), known=known),
-             "text": tok.decode(ids)} for p, ids in zip(prompts, result.tokens)]
+    rows = [{"prompt": p, **measure_ids(tok, ids, known), "text": tok.decode(ids)}
+            for p, ids in zip(prompts, result.tokens)]
     return pooled(rows), rows
 
 

@@ -59,6 +59,11 @@ def measure(ids: Sequence[int], pieces: Sequence[str], text: str, n: int = REPEA
             "words": len(words), "known_words": None if known is None else sum(w in known for w in words)}
 
 
+def measure_ids(tokenizer, ids: Sequence[int], known: set[str] | None = None) -> dict:
+    """measure() of a continuation given as token ids, its texts read from the tokenizer (token_text, decode)."""
+    return measure(ids, [tokenizer.token_text(t) for t in ids], tokenizer.decode(ids), known=known)
+
+
 def pooled(rows: Sequence[dict]) -> dict:
     """The measures of several continuations together: shares over all their tokens, n-grams and words, the longest
     run of any, words in all, and the fewest words in one."""
