@@ -8,6 +8,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
+from engine.model.sampling import SUGGESTED_REPETITION_PENALTY
 from tests.browser_helpers import FINISHED, STOPPED_BY_USER, open_architecture, open_inspect, settled, tick_overlaps
 
 MAIN = "[data-testid='stMain']"
@@ -363,6 +364,8 @@ def test_tokens_show_their_text_and_probability(server, browser, screenshots):
     expect(page.locator(".st-key-inspect_status")).to_contain_text("status: stopped at max new tokens (6 tokens)")
     detail = page.locator(".st-key-inspect_token_detail")
     expect(detail).to_contain_text(re.compile(rf"\(generated, id \d+\) · p under the model {P}"))
+    # how the page's default settings chose it (greedy, with the suggested repetition penalty)
+    expect(detail).to_contain_text(f"(chosen greedily with repetition penalty {SUGGESTED_REPETITION_PENALTY:g})")
     expect(detail).to_contain_text(re.compile(r"alternatives: ✓ '[^']+' 0\.\d{3} \(#\d+\)"))
     token = page.locator(".st-key-inspect_token input[type=range]")
     token.focus()
