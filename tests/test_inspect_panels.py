@@ -18,9 +18,9 @@ from v41viz.inspect.run import (
     generate_into,
     new_trace,
     prompt_problem,
-    settings_of,
     status_sentence,
 )
+from v41viz.inspect.run_meta import settings_of
 from v41viz.inspect.tokens import alternatives, chosen_by, probability_text, token_detail_html, token_table, visible
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
 from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id

@@ -15,26 +15,6 @@ from ..spec.errors import EngineError, InputError
 # logit ±inf, and softmax NaN), and a distribution that sharp is greedy in all but exact ties. Use 0 for greedy.
 MIN_TEMPERATURE = 1e-4
 MAX_SEED = 2**63 - 1  # the largest seed: torch.Generator.manual_seed takes 64 bits, and seeds stay valid int64
-# Decoding options against degenerate greedy text (runs of whitespace, a line repeated), off in the engine: the app's
-# defaults and the model card's "with options" rows. Chosen by measurement on the shipped model (scripts/decoding_sweep.py,
-# README "The default model"): 1.4 is the smallest penalty tried whose greedy text is no more repetitive than the
-# held-out text itself (fewer repeated 4-grams, no whitespace run, no continuation with fewer words); larger ones push
-# the model further from its own distribution. A no-repeat n-gram size adds little on top and blocks a speaker's
-# heading from coming back.
-SUGGESTED_REPETITION_PENALTY = 1.4
-SUGGESTED_NO_REPEAT_NGRAM = 0
-
-
-def option_phrases(repetition_penalty: float = 1.0, no_repeat_ngram: int = 0) -> list[str]:
-    """The decoding options that are on, in words: ['repetition penalty 1.4', 'no repeated 4-grams'] (none: [])."""
-    phrases = []
-    if repetition_penalty != 1.0:
-        phrases.append(f"repetition penalty {repetition_penalty:g}")
-    if no_repeat_ngram:
-        phrases.append(f"no repeated {no_repeat_ngram}-grams")
-    return phrases
-
-
 class NonFiniteLogitsError(EngineError):
     """The model produced NaN or Inf logits (broken weights or config values); no token can be chosen from them."""
 

@@ -9,12 +9,8 @@ from typing import Callable
 
 from engine.dspark.config import SCHEDULES, DSparkConfig
 from engine.dspark.profile import load_or_profile
-from engine.model.sampling import (
-    SUGGESTED_NO_REPEAT_NGRAM,
-    SUGGESTED_REPETITION_PENALTY,
-    check_repetition,
-    check_sampling,
-)
+from engine.model.sampling import check_repetition, check_sampling
+from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from engine.spec.errors import InputError
 from engine.spec.interventions import parse_intervention
 from engine.text.prompt_text import check_prompt_text
@@ -202,50 +198,3 @@ def status_sentence(run: LiveRun) -> str:
     return {"length": f"stopped at max new tokens ({tokens})", "stop": f"reached end of text after {tokens}",
             "max_seq_len": f"reached the model's context length after {tokens}"}.get(run.finish,
                                                                                       f"finished after {tokens}")
-
-
-def settings_of(meta: dict) -> dict[str, object]:
-    """The generation settings a trace's meta records (older traces lack some; those are left out)."""
-    out: dict[str, object] = {}
-    for name, kind in (("prompt", str), ("max_new_tokens", int), ("temperature", float), ("top_p", float),
-                       ("top_k", int), ("seed", int), ("dspark", bool), ("schedule", str), ("threshold", float),
-                       ("attention", bool), ("repetition_penalty", float), ("no_repeat_ngram", int)):
-        value = meta.get(name)
-        if value is None or value == "":
-            continue
-        try:
-            out[name] = str(value).lower() in ("true", "1") if kind is bool else kind(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def interventions_of(meta: dict) -> tuple[str, ...]:
-    """The what-if changes a trace's meta records, in their text form (none for a plain run or an older trace)."""
-    recorded = meta.get("interventions") or ()
-    return tuple(str(t) for t in recorded) if isinstance(recorded, (list, tuple)) else ()
-
-
-def describe_intervention(text: str) -> str:
-    """An intervention's sentence ('ban expert 5 at layer 3, from token 12 on'), or its text when unreadable."""
-    try:
-        return parse_intervention(text).describe()
-    except InputError:
-        return text
-
-
-def settings_line(model: str, meta: dict) -> str:
-    """One sentence naming the model and the settings that made a run (and its what-if changes)."""
-    s = settings_of(meta)
-    parts = [f"model {model or 'unknown'}"]
-    for name, label in (("temperature", "temperature"), ("top_p", "top-p"), ("top_k", "top-k"), ("seed", "seed"),
-                        ("max_new_tokens", "max new tokens"), ("repetition_penalty", "repetition penalty"),
-                        ("no_repeat_ngram", "no-repeat n-gram")):
-        if name in s:
-            parts.append(f"{label} {s[name]:g}" if isinstance(s[name], float) else f"{label} {s[name]}")
-    if "dspark" in s:
-        parts.append(f"DSpark schedule {s.get('schedule') or 'all'}" if s["dspark"] else "DSpark off")
-    changes = interventions_of(meta)
-    if changes:
-        parts.append("changed: " + "; ".join(describe_intervention(t) for t in changes))
-    return "Made with " + " · ".join(parts) + "."

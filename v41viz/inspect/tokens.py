@@ -9,10 +9,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from engine.model.sampling import option_phrases
+from engine.spec.decoding_options import option_phrases
 from engine.trace import Trace
 
-from .run import settings_of
+from .run_meta import settings_of
 
 WHITESPACE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 AXIS_CHARS = 6     # token text kept in an axis label (the hover and the table show all of it)

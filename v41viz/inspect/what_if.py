@@ -14,8 +14,9 @@ from engine.spec.interventions import KINDS, check_interventions, parse_interven
 from engine.trace import Trace
 
 from .panel_style import thinned_categories, titled
-from .run import GenSettings, LiveRun, interventions_of, settings_of
+from .run import GenSettings, LiveRun
 from .run_diff import RunDiff
+from .run_meta import interventions_of, settings_of
 from .tokens import axis_labels, visible
 
 KIND_LABELS = {"ban-expert": "ban an expert", "force-expert": "force an expert", "engram-off": "switch off Engram",

@@ -11,7 +11,8 @@ from engine.spec.presets import list_presets
 
 from ..inspect.equivalent import kind_name, missing_reason, nearest_equivalent
 from ..inspect.links import panel_for
-from ..inspect.run import GenSettings, LiveRun, describe_intervention, interventions_of, settings_of
+from ..inspect.run import GenSettings, LiveRun
+from ..inspect.run_meta import describe_intervention, interventions_of, settings_of
 from ..inspect.url import PROMPT_INLINE, InspectLink, link_params, parse_link, prompt_id
 from .page_links import INSPECT_JUMP
 from .sidebar import UPLOADS, args_for

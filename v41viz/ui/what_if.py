@@ -12,8 +12,9 @@ from engine.spec.errors import EngineError
 
 from ..inspect import background
 from ..inspect.export import trace_bytes
-from ..inspect.run import LiveRun, describe_intervention, interventions_of, settings_line, status_sentence
+from ..inspect.run import LiveRun, status_sentence
 from ..inspect.run_diff import RunDiff, diff_traces
+from ..inspect.run_meta import describe_intervention, interventions_of, settings_line
 from ..inspect.run_pair import new_run
 from ..inspect.tokens import literal_text_html
 from ..inspect.what_if import (
