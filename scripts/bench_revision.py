@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_revision.py REV [--configs tiny-v4.1,tiny-v4,configs/default-small-3k.json]
         [--threads 1,2] [--runs 5] [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16]
-        [--json OUT]
+        [--compile] [--bf16] [--json OUT]
 
 REV is checked out into a temporary detached `git worktree`, removed at the end (also on an error, Ctrl-C or
 SIGTERM). Each run launches `python -m engine bench --json` once per side, config and thread count, each in a fresh
@@ -12,6 +12,12 @@ weights are random-init: speed does not depend on their values. `configs/default
 model's config (checkpoints/default), passed as a file so that a revision from before that preset reads it too.
 The table shows each side's median [min–max] tokens/s over the runs, the ratio of the medians (working tree / REV,
 above 1 means the working tree is faster) and the range of the per-run pair ratios.
+
+--compile adds `--compile` to the working tree's launches and a "decode compiled" row: the working tree's decode
+through torch.compile (the opt-in transform, engine.graphs) against REV's eager decode, with the seconds each launch's
+first compiled step took (inductor's cache on disk makes all but the first launch per config short). --bf16 adds a
+third side, the working tree in bfloat16, launched next to the other two, and a second table: bfloat16 against the
+working tree's float32 (--dtype) of the same runs.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_FLAGS = ("--config", "--json", "--threads", "--prompt-len", "--new-tokens", "--repeats")
 PHASES = ("prefill", "decode")
-SIDES = ("rev", "tree")
+COMPILED = "decode compiled"   # the --compile row: the working tree's compiled decode against REV's eager decode
 # `engine bench --help`, with the location of the engine package printed first (so a side that imports the other
 # side's code, for example through an editable install, is caught instead of measured)
 PROBE = ("import runpy, sys, engine; print('engine package:', engine.__file__, flush=True); "
@@ -146,43 +152,62 @@ def measure(tree: Path, label: str, command: list[str], threads: int) -> dict:
     return json.loads(run.stdout[start:])
 
 
-def bench_command(spec: str, threads: int, flags: set[str], label: str, a: argparse.Namespace) -> list[str]:
+def bench_command(spec: str, threads: int, flags: set[str], label: str, a: argparse.Namespace, dtype: str,
+                  compile_: bool = False) -> list[str]:
     return [sys.executable, "-m", "engine", "bench", "--json", "--config", config_argument(spec), "--threads",
             str(threads), "--prompt-len", str(a.prompt_len), "--new-tokens", str(a.new_tokens), "--repeats",
-            str(a.repeats), *dtype_arguments(flags, a.dtype, label)]
+            str(a.repeats), *dtype_arguments(flags, dtype, label), *(["--compile"] if compile_ else [])]
+
+
+def sides_of(a: argparse.Namespace) -> list[str]:
+    """rev and tree, and with --bf16 the working tree in bfloat16 ("tree_bf16")."""
+    return ["rev", "tree", *(["tree_bf16"] if a.bf16 else [])]
 
 
 def interleaved_runs(trees: dict, labels: dict, flags: dict, a: argparse.Namespace) -> list[dict]:
-    """runs × configs × threads pairs; within a pair the order of the sides alternates from run to run."""
-    records = []
+    """runs × configs × threads groups; within a group the order of the sides alternates from run to run."""
+    records, sides = [], sides_of(a)
     for run in range(a.runs):
         for spec in a.configs:
             for threads in a.threads:
-                for side in SIDES if run % 2 == 0 else SIDES[::-1]:
-                    command = bench_command(spec, threads, flags[side], labels[side], a)
+                for side in sides if run % 2 == 0 else sides[::-1]:
+                    dtype = "bfloat16" if side == "tree_bf16" else a.dtype
+                    command = bench_command(spec, threads, flags[side], labels[side], a, dtype,
+                                            compile_=a.compile and side == "tree")
                     result = measure(trees[side], labels[side], command, threads)
-                    records.append({"run": run, "side": side, "config": spec, "threads": threads,
-                                    "prefill": result["prefill_tokens_per_s"],
-                                    "decode": result["decode_tokens_per_s"], "bench": result})
+                    record = {"run": run, "side": side, "config": spec, "threads": threads,
+                              "prefill": result["prefill_tokens_per_s"], "decode": result["decode_tokens_per_s"],
+                              "bench": result}
+                    if "compile" in result:
+                        record[COMPILED] = result["compile"]["decode_tokens_per_s_compiled"]
+                        record["first_compiled_step_s"] = result["compile"]["first_compiled_step_s"]
+                    records.append(record)
+                    extra = f", compiled {record[COMPILED]:,.1f}" if COMPILED in record else ""
                     print(f"  run {run + 1}/{a.runs} {spec} {threads} thread(s) {labels[side]}: prefill "
-                          f"{result['prefill_tokens_per_s']:,.1f}, decode {result['decode_tokens_per_s']:,.1f} "
-                          "tokens/s", file=sys.stderr, flush=True)
+                          f"{result['prefill_tokens_per_s']:,.1f}, decode {result['decode_tokens_per_s']:,.1f}"
+                          f"{extra} tokens/s", file=sys.stderr, flush=True)
     return records
 
 
-def summary_rows(records: list[dict], a: argparse.Namespace) -> list[dict]:
+def summary_rows(records: list[dict], a: argparse.Namespace, base: str = "rev", other: str = "tree",
+                 compiled: bool = False) -> list[dict]:
+    """One row per config, thread count and phase: base and other side's median [min–max], the ratio of the
+    medians (other / base) and the range of the per-run pair ratios. compiled adds the COMPILED row (other's
+    compiled decode against base's decode)."""
     rows = []
+    phases = [(phase, phase) for phase in PHASES] + ([(COMPILED, "decode")] if compiled else [])
     for spec in a.configs:
         for threads in a.threads:
-            for phase in PHASES:
-                rates = {side: [r[phase] for r in records  # in run order, so zip pairs the launches of a run
-                                if (r["side"], r["config"], r["threads"]) == (side, spec, threads)] for side in SIDES}
-                pairs = [tree / rev for rev, tree in zip(rates["rev"], rates["tree"])]
-                medians = {side: statistics.median(rates[side]) for side in SIDES}
+            for phase, base_phase in phases:
+                def rates_of(side: str, key: str) -> list[float]:  # in run order, so zip pairs a run's launches
+                    return [r[key] for r in records if (r["side"], r["config"], r["threads"]) == (side, spec, threads)]
+                rates = {"base": rates_of(base, base_phase), "other": rates_of(other, phase)}
+                pairs = [o / b for b, o in zip(rates["base"], rates["other"])]
+                medians = {side: statistics.median(rates[side]) for side in rates}
                 rows.append({"config": spec, "threads": threads, "phase": phase,
-                             **{f"{side}_{stat}": fn(rates[side]) for side in SIDES
+                             **{f"{side}_{stat}": fn(rates[side]) for side in rates
                                 for stat, fn in (("median", statistics.median), ("min", min), ("max", max))},
-                             "ratio": medians["tree"] / medians["rev"], "pair_ratio_min": min(pairs),
+                             "ratio": medians["other"] / medians["base"], "pair_ratio_min": min(pairs),
                              "pair_ratio_max": max(pairs)})
     return rows
 
@@ -197,13 +222,13 @@ def machine_line() -> str:
             f"python {sys.version.split()[0]}")
 
 
-def table_lines(rows: list[dict], labels: dict) -> list[str]:
+def table_lines(rows: list[dict], base_label: str, other_label: str) -> list[str]:
     def cell(row: dict, side: str) -> str:
         return f"{row[side + '_median']:,.1f} [{row[side + '_min']:,.1f}–{row[side + '_max']:,.1f}]"
 
-    head = ("config", "threads", "phase", f"{labels['rev']} tokens/s", f"{labels['tree']} tokens/s", "ratio",
+    head = ("config", "threads", "phase", f"{base_label} tokens/s", f"{other_label} tokens/s", "ratio",
             "per-run ratios")
-    body = [(r["config"], str(r["threads"]), r["phase"], cell(r, "rev"), cell(r, "tree"), f"{r['ratio']:.2f}",
+    body = [(r["config"], str(r["threads"]), r["phase"], cell(r, "base"), cell(r, "other"), f"{r['ratio']:.2f}",
              f"[{r['pair_ratio_min']:.2f}–{r['pair_ratio_max']:.2f}]") for r in rows]
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     return ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in (head, *body)]
@@ -220,6 +245,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="`engine bench --repeats` inside each launch (default 3)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--compile", action="store_true",
+                   help="add the working tree's decode through torch.compile against REV's eager decode")
+    p.add_argument("--bf16", action="store_true",
+                   help="add the working tree in bfloat16 and a table of it against the working tree's --dtype")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the per-run figures and the table as JSON")
     a = p.parse_args(argv)
     a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
@@ -229,6 +258,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--threads takes comma-separated whole numbers, not '{a.threads}'")
     if not a.configs or not a.threads or min(a.threads) < 1 or a.runs < 1:
         p.error("--configs and --threads need at least one entry, thread counts and --runs at least 1")
+    if a.bf16 and a.dtype == "bfloat16":
+        p.error("--bf16 compares bfloat16 with the working tree's --dtype: leave --dtype at float32")
     if a.json is not None and not a.json.resolve().parent.is_dir():
         p.error(f"--json: the folder of {a.json} does not exist")
     return a
@@ -239,26 +270,38 @@ def run_comparison(a: argparse.Namespace) -> int:
     for spec in a.configs:  # a missing config file is named before anything is checked out
         config_argument(spec)
     labels = {"rev": f"{a.rev} ({commit[:7]})" if not commit.startswith(a.rev) else commit[:7],
-              "tree": "working tree"}
+              "tree": "working tree", "tree_bf16": "working tree bfloat16"}
     revisions = f"revisions: {labels['rev']} against the working tree at {describe_working_tree()}"
+    sides = sides_of(a)
     with checked_out(commit) as rev_tree:
-        trees = {"rev": rev_tree, "tree": ROOT}
-        flags = {side: bench_flags(trees[side], labels[side]) for side in SIDES}
+        trees = {"rev": rev_tree, "tree": ROOT, "tree_bf16": ROOT}
+        flags = {side: bench_flags(trees[side], labels[side]) for side in sides[:2]}
+        flags["tree_bf16"] = flags["tree"]
         notes = config_notes(rev_tree, a.configs, labels["rev"])
-        without_dtype = [labels[side] for side in SIDES if "--dtype" not in flags[side]]
+        without_dtype = [labels[side] for side in ("rev", "tree") if "--dtype" not in flags[side]]
         if without_dtype:
             notes.append(f"note: `engine bench` has no --dtype at {' and '.join(without_dtype)} (float32 only)")
         records = interleaved_runs(trees, labels, flags, a)
-    rows = summary_rows(records, a)
+    rows = summary_rows(records, a, compiled=a.compile)
     settings = (f"settings: batch 1, prompt {a.prompt_len}, {a.new_tokens} new tokens, {a.dtype}, random-init "
                 f"weights; {a.runs} interleaved launches per side, each `engine bench --repeats {a.repeats}`")
-    print("\n".join([revisions, machine_line(), settings, *notes,
-                     "tokens/s: median [min–max] over launches; ratio: working tree / REV of the medians", "",
-                     *table_lines(rows, labels)]))
+    lines = [revisions, machine_line(), settings, *notes,
+             "tokens/s: median [min–max] over launches; ratio: working tree / REV of the medians", "",
+             *table_lines(rows, labels["rev"], labels["tree"])]
+    if a.compile:
+        seconds = [r["first_compiled_step_s"] for r in records if "first_compiled_step_s" in r]
+        lines += ["", f"{COMPILED}: the working tree's decode through torch.compile against {labels['rev']}'s eager "
+                      f"decode; first compiled step per launch {statistics.median(seconds):,.1f} s median "
+                      f"[{min(seconds):,.1f}–{max(seconds):,.1f}] (compiling, or loading inductor's cache)"]
+    bf16_rows = summary_rows(records, a, base="tree", other="tree_bf16") if a.bf16 else []
+    if bf16_rows:
+        lines += ["", f"bfloat16 against {a.dtype}, both the working tree, the same runs; ratio: bfloat16 / {a.dtype}",
+                  "", *table_lines(bf16_rows, f"{a.dtype}", "bfloat16")]
+    print("\n".join(lines))
     if a.json:
         a.json.write_text(json.dumps({"revision": a.rev, "commit": commit, "labels": labels, "revisions": revisions,
                                       "machine": machine_line(), "settings": settings, "notes": notes,
-                                      "runs": records, "table": rows}, indent=1))
+                                      "runs": records, "table": rows, "bf16_table": bf16_rows}, indent=1))
     return 0
 
 

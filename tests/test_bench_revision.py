@@ -1,6 +1,8 @@
-"""scripts/bench_revision.py: the before/after table against HEAD, and a bad revision refused with no worktree left."""
+"""scripts/bench_revision.py: the before/after table against HEAD (and the bfloat16 one), the compiled row's
+arithmetic, and a bad revision refused with no worktree left."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import statistics
@@ -38,7 +40,7 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
     before = worktrees()
     out = tmp_path / "runs.json"
     run = run_script("HEAD", "--configs", "tiny-v4.1", "--threads", "1", "--runs", "1", "--prompt-len", "4",
-                     "--new-tokens", "3", "--repeats", "1", "--json", str(out))
+                     "--new-tokens", "3", "--repeats", "1", "--bf16", "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     assert worktrees() == before
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -49,12 +51,15 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
     header = next(i for i, line in enumerate(lines) if line.startswith("config "))
     assert lines[header].split() == ["config", "threads", "phase", "HEAD", f"({head})", "tokens/s", "working",
                                      "tree", "tokens/s", "ratio", "per-run", "ratios"]
-    rows = [ROW.match(line) for line in lines[header + 1:]]
+    end = lines.index("", header)
+    rows = [ROW.match(line) for line in lines[header + 1:end]]
     assert all(rows) and [(r[1], r[2], r[3]) for r in rows] == [("tiny-v4.1", "1", "prefill"),
                                                                 ("tiny-v4.1", "1", "decode")], run.stdout
 
     figures = json.loads(out.read_text())
-    assert sorted(r["side"] for r in figures["runs"]) == ["rev", "tree"]
+    assert sorted(r["side"] for r in figures["runs"]) == ["rev", "tree", "tree_bf16"]
+    assert [r["bench"]["dtype"] for r in figures["runs"] if r["side"] != "rev"] in (["float32", "bfloat16"],
+                                                                                     ["bfloat16", "float32"])
     for row, phase in zip(rows, ("prefill", "decode")):
         rates = {r["side"]: [r[phase]] for r in figures["runs"]}
         assert all(rate > 0 for side in rates for rate in rates[side]), rates
@@ -64,6 +69,56 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
         assert row[10] == f"{ratio:.2f}"  # printed ratio: the ratio of the medians
         assert number(row[4]) == round(rates["rev"][0], 1) and number(row[7]) == round(rates["tree"][0], 1)
         assert row[11] == row[12] == f"{ratio:.2f}"  # one run: the per-run ratio range is that one pair's ratio
+
+    # the second table: the working tree's bfloat16 launch against its float32 one, from the same run
+    second = lines.index("bfloat16 against float32, both the working tree, the same runs; ratio: bfloat16 / float32")
+    header = next(i for i in range(second, len(lines)) if lines[i].startswith("config "))
+    assert lines[header].split()[3:7] == ["float32", "tokens/s", "bfloat16", "tokens/s"]
+    bf16_rows = [ROW.match(line) for line in lines[header + 1:]]
+    assert all(bf16_rows) and [r[3] for r in bf16_rows] == ["prefill", "decode"], run.stdout
+    for row, phase in zip(bf16_rows, ("prefill", "decode")):
+        rates = {r["side"]: r[phase] for r in figures["runs"]}
+        assert row[10] == f"{rates['tree_bf16'] / rates['tree']:.2f}"
+        assert number(row[4]) == round(rates["tree"], 1) and number(row[7]) == round(rates["tree_bf16"], 1)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_revision", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_compiled_row_sets_the_working_trees_compiled_decode_against_the_revisions_eager_decode(monkeypatch):
+    """With --compile only the working tree's launches get `--compile`; its row divides the compiled decode by the
+    revision's eager decode, run by run (launch results stand in for `engine bench`, whose compile is tested in
+    test_speedups_fast)."""
+    script = load_script()
+    a = script.parse_arguments(["HEAD", "--configs", "tiny-v4.1", "--threads", "1", "--runs", "2", "--compile"])
+    commands = []
+    decode = {("rev", 0): 10.0, ("tree", 0): 20.0, ("rev", 1): 12.0, ("tree", 1): 18.0}
+    compiled = {0: 50.0, 1: 60.0}
+
+    def fake_measure(tree, label, command, threads):
+        side = "rev" if label == "REV" else "tree"
+        run = sum(1 for c in commands if c[0] == side)
+        commands.append((side, command))
+        result = {"prefill_tokens_per_s": 100.0, "decode_tokens_per_s": decode[side, run]}
+        if "--compile" in command:
+            result["compile"] = {"decode_tokens_per_s_compiled": compiled[run], "first_compiled_step_s": 3.0 + run}
+        return result
+
+    monkeypatch.setattr(script, "measure", fake_measure)
+    flags = {side: {"--dtype"} for side in ("rev", "tree")}
+    records = script.interleaved_runs({"rev": ROOT, "tree": ROOT}, {"rev": "REV", "tree": "tree"}, flags, a)
+    assert [("--compile" in c) for side, c in commands if side == "rev"] == [False, False]
+    assert [("--compile" in c) for side, c in commands if side == "tree"] == [True, True]
+    rows = {r["phase"]: r for r in script.summary_rows(records, a, compiled=True)}
+    assert list(rows) == ["prefill", "decode", script.COMPILED]
+    row = rows[script.COMPILED]
+    assert row["base_median"] == 11.0 and row["other_median"] == 55.0 and row["ratio"] == 5.0
+    assert (row["pair_ratio_min"], row["pair_ratio_max"]) == (5.0, 5.0)   # 50 / 10 and 60 / 12
+    assert rows["decode"]["ratio"] == 19.0 / 11.0
 
 
 def test_a_bad_revision_is_named_and_leaves_no_worktree():

@@ -24,6 +24,7 @@ class BenchResult:
     prompt_len: int
     new_tokens: int
     repeats: int
+    dtype: str                          # the model's parameter dtype: float32, bfloat16, float64
     prefill_tokens_per_s: float         # median prefill forward, no trace
     decode_tokens_per_s: float          # median decode step (all rows together), no trace
     traced_prefill_tokens_per_s: float
@@ -37,7 +38,7 @@ class BenchResult:
 
     def lines(self) -> list[str]:
         return [f"{self.config} on {self.device} ({self.machine}, {self.threads} torch threads); batch {self.batch}, "
-                f"prompt {self.prompt_len}, {self.new_tokens} new tokens, median of {self.repeats}",
+                f"prompt {self.prompt_len}, {self.new_tokens} new tokens, {self.dtype}, median of {self.repeats}",
                 f"  prefill {self.prefill_tokens_per_s:10,.1f} tokens/s   traced {self.traced_prefill_tokens_per_s:10,.1f}"
                 f"   overhead x{self.trace_overhead_prefill:.2f}",
                 f"  decode  {self.decode_tokens_per_s:10,.1f} tokens/s   traced {self.traced_decode_tokens_per_s:10,.1f}"
@@ -129,7 +130,8 @@ def run_bench(args: ModelArgs, *, batch: int = 1, prompt_len: int = 64, new_toke
     return BenchResult(
         config=args.name or "model", device=str(device), machine=machine_description(str(device)),
         threads=torch.get_num_threads(), batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
-        repeats=repeats, prefill_tokens_per_s=batch * prompt_len / pre[False], decode_tokens_per_s=batch / dec[False],
+        repeats=repeats, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        prefill_tokens_per_s=batch * prompt_len / pre[False], decode_tokens_per_s=batch / dec[False],
         traced_prefill_tokens_per_s=batch * prompt_len / pre[True], traced_decode_tokens_per_s=batch / dec[True],
         trace_overhead_prefill=over_pre, trace_overhead_decode=over_dec, trace_records=records)
 

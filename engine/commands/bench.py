@@ -8,6 +8,7 @@ from ..spec.errors import InputError
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
 from .run_args import apply_threads
 
+DTYPES = ("float32", "bfloat16")
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
 
 
@@ -21,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="weights and activations of the plain and --compile rows (default float32; bfloat16 "
+                             "keeps the tensors the reference holds in fp32, such as the head, in fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--gpu", action="store_true",
                         help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
@@ -62,8 +66,11 @@ def bench(args: argparse.Namespace) -> int:
         reason = unavailable_reason(args.device)
         if reason is not None:
             raise InputError(f"--gpu on {args.device}: {reason}")
+    import torch
+    dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
-                       new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device)
+                       new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
+                       dtype=dtype)
     gpu = None
     if getattr(args, "gpu", False):
         from ..bench.gpu import run_gpu_bench
@@ -79,7 +86,8 @@ def bench(args: argparse.Namespace) -> int:
     if getattr(args, "compile", False):
         from ..bench.cpu import compiled_decode_rates
         compiled = compiled_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
-                                         steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
+                                         steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device,
+                                         dtype=dtype)
     spec = None
     if getattr(args, "dspark", False):
         from ..bench.dspark import run_dspark_bench
