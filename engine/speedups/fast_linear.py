@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..model.linear import Linear
+from .cpu_bf16 import linear
 from .fast_quant import fp8_qdq
 
 
 class FastLinear(Linear):
     """Linear.forward, equal to it bit for bit: the input is cast only when its dtype differs from the weight's,
-    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops. With autograd on,
+    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops (bf16 products of
+    several rows on a CPU without bf16 matrix instructions: in fp32, equal up to summation order, cpu_bf16). With autograd on,
     the reference code runs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -19,4 +20,4 @@ class FastLinear(Linear):
             return super().forward(x)
         if self.act_quant and self.quantized:
             x = fp8_qdq(x)
-        return F.linear(x if x.dtype == w.dtype else x.to(w.dtype), w)
+        return linear(x if x.dtype == w.dtype else x.to(w.dtype), w)

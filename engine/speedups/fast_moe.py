@@ -10,6 +10,7 @@ from ..model.linear import Linear
 from ..model.moe import MoE, swiglu
 from ..model.norm import upcast
 from .casts import cast
+from .cpu_bf16 import linear, mm
 from .expert_stacks import ExpertStacks
 from .fast_linear import FastLinear
 from .fast_quant import fp8_qdq
@@ -162,13 +163,13 @@ class FastMoE(MoE):
         act_quant = self.experts[0].w1.act_quant
         xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
         xs = xin.expand(k, -1) if order is None else xin[order // k]          # [P, dim] each pair's token
-        gu = torch.cat([F.linear(xs[b:b + n], w13[e]) for e, b, n in spans])  # [P, 2·inter]
+        gu = torch.cat([linear(xs[b:b + n], w13[e]) for e, b, n in spans])    # [P, 2·inter]
         ws = weights if order is None else weights[order]
         h = cast(swiglu(upcast(gu[:, :inter]), upcast(gu[:, inter:]), self.limit, ws), x.dtype)
         if act_quant:
             h = fp8_qdq(h)
         h = cast(h, w2t.dtype)
-        y = torch.cat([torch.mm(h[b:b + n], w2t[e]) for e, b, n in spans])   # [P, dim] by expert
+        y = torch.cat([mm(h[b:b + n], w2t[e]) for e, b, n in spans])         # [P, dim] by expert
         if order is not None:
             y = torch.empty_like(y).index_copy_(0, order, y)                  # token-major again
         return upcast(y).view(N, k, -1).sum(1)
@@ -179,7 +180,7 @@ class FastMoE(MoE):
         w13, w2t = self.fused()
         N, E = x.size(0), self.n_experts
         inter = w2t.size(1)
-        gu = upcast(F.linear(cast(x, w13.dtype), w13[:E].view(-1, w13.size(-1)))).view(N, E, 2, inter)  # [N, E, 2, I]
+        gu = upcast(linear(cast(x, w13.dtype), w13[:E].view(-1, w13.size(-1)))).view(N, E, 2, inter)  # [N, E, 2, I]
         dense_w = torch.zeros(N, E, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
         h = swiglu(gu[:, :, 0], gu[:, :, 1], self.limit, dense_w.unsqueeze(-1))   # [N, E, inter]
-        return upcast(torch.matmul(cast(h, w2t.dtype).reshape(N, -1), w2t[:E].view(E * inter, -1)))   # [N, dim]
+        return upcast(mm(cast(h, w2t.dtype).reshape(N, -1), w2t[:E].view(E * inter, -1)))   # [N, dim]
