@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="weights and activations of the plain and --compile rows (default float32; bfloat16 "
                              "keeps the tensors the reference holds in fp32, such as the head, in fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
