@@ -10,9 +10,9 @@ from .fast_quant import fp8_qdq
 
 class FastLinear(Linear):
     """Linear.forward, equal to it bit for bit: the input is cast only when its dtype differs from the weight's,
-    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops (bf16 products of
-    several rows on a CPU without bf16 matrix instructions: in fp32, equal up to summation order, cpu_bf16). With autograd on,
-    the reference code runs."""
+    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops. bf16 products of
+    several rows on a CPU without bf16 matrix instructions run in fp32 (engine.speedups.cpu_bf16: equal up to
+    summation order). With autograd on, the reference code runs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
