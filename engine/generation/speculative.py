@@ -63,7 +63,7 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
                          seed: int | Sequence[int] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
                          dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
                          token_text: Callable[[int], str] | None = None,
-                         verifier: Verifier = verify, cuda_graphs: bool = False,
+                         verifier: Verifier = verify, cuda_graphs: bool = False, compiled: bool = False,
                          interventions: Sequence = (), repetition_penalty: float = 1.0,
                          no_repeat_ngram: int = 0) -> SpeculativeResult:
     """Same contract as engine.generation.plain.generate (row i samples with seed + i; tokens, finish reasons), with
@@ -81,9 +81,15 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
     generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager.
 
+    compiled: the same static verify and draft bodies through torch.compile (engine.graphs.compiled_body; on a CPU,
+    generated C++ instead of thousands of small ops a step; minutes of compiling on first use, cached on disk). Every
+    step drafts and verifies a full block, as with cuda_graphs (no plain fallback); logits and drafts equal the eager
+    bodies' up to float rounding, so greedy output equals compiled plain decoding's except where two logits tie
+    within that rounding.
+
     interventions (engine.spec.interventions) apply to every target forward, so the drafter's taps come from the
     intervened target, and drop-stage to the drafter: the output is the plain output under the same backbone
-    interventions (greedy: token for token). Not with cuda_graphs.
+    interventions (greedy: token for token). Not with cuda_graphs or compiled.
 
     repetition_penalty / no_repeat_ngram (engine.model.sampling.apply_history_rules) process the target's logits
     at every verified position with the history that position has if the drafts before it are accepted (prompt,
@@ -101,10 +107,10 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
         # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
         raise InputError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
                          "use early_stop=True or greedy decoding")
-    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs)
+    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs or compiled)
     run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
-                       params, cfg, seed,
-                       stop_tokens, on_token, trace, token_text, verifier, cuda_graphs, interventions)
+                       params, cfg, seed, stop_tokens, on_token, trace, token_text, verifier, cuda_graphs, compiled,
+                       interventions)
     run.prefill()
     while run.active:
         run.step()
@@ -115,7 +121,7 @@ class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
 
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
-                 verifier, cuda_graphs=False, interventions=None):
+                 verifier, cuda_graphs=False, compiled=False, interventions=None):
         self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
         self.interventions = interventions
         self.params, self.cfg, self.trace, self.verifier = params, cfg, trace, verifier
@@ -124,21 +130,22 @@ class _Speculation:
         self.gens = make_generators(row_seeds(seed, n), model.device)
         # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
         longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
+        graphed = cuda_graphs or compiled
         # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
         # already give every active row room for a full graphed block (the eager fallback guards the rest)
-        self.cache = model.new_cache(n + 1 if cuda_graphs else n, longest + self.gamma + 1)
+        self.cache = model.new_cache(n + 1 if graphed else n, longest + self.gamma + 1)
         self.decoder = None
-        if cuda_graphs:
+        if graphed:
             from ..graphs import GraphedDecoder
             self.decoder = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=self.gamma + 1,
-                                          logits="all", return_taps=True)
+                                          logits="all", return_taps=True, compile=compiled)
         # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
-        self.rings = DrafterCache(model, n + 1 if cuda_graphs else n, self.cache.margin)
+        self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin)
         self.drafter = None
-        if cuda_graphs:
+        if graphed:
             from ..graphs import GraphedDrafter
-            self.drafter = GraphedDrafter(model, self.rings, scratch_row=n)
-        self.fallback = None if cuda_graphs else cfg.fallback()   # auto: plain steps while drafting does not pay
+            self.drafter = GraphedDrafter(model, self.rings, scratch_row=n, compile=compiled)
+        self.fallback = None if graphed else cfg.fallback()   # auto: plain steps while drafting does not pay
         self.calibration = cfg.calibration(self.gamma)            # auto: confidences scaled by the run's verdicts
         self.res = SpeculativeResult.for_prompts(prompts)
         self.out = Emitter(self.res, max_new, self.args.max_seq_len, stop_tokens, trace, token_text, on_token)

@@ -1,4 +1,4 @@
-"""compiled_body(): decode_body through torch.compile (inductor), made once per process and shared by decoders."""
+"""decode_body and draft_body through torch.compile (inductor), each made once per process and shared."""
 from __future__ import annotations
 
 import warnings
@@ -7,6 +7,7 @@ from functools import lru_cache
 import torch
 
 from .decode_body import decode_body
+from .draft_body import draft_body
 
 
 @lru_cache(maxsize=1)
@@ -15,5 +16,17 @@ def compiled_body():
     its compiled graphs on the shapes of what the body is called with, so one wrapper serves every decoder.
     The indexer's RoPE factors stay complex tensors (the reference's cis), for which inductor calls the eager
     kernels and says so once; that notice is silenced, as it is expected."""
-    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+    _quiet_complex_notice()
     return torch.compile(decode_body, dynamic=False)
+
+
+@lru_cache(maxsize=1)
+def compiled_draft_body():
+    """draft_body compiled with static shapes, as compiled_body (one wrapper, graphs guarded on shapes and on the
+    greedy flag)."""
+    _quiet_complex_notice()
+    return torch.compile(draft_body, dynamic=False)
+
+
+def _quiet_complex_notice() -> None:
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")

@@ -7,6 +7,7 @@ from ..dspark.drafter import Draft, markov_drafts
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from .buckets import bucket_for
+from .compiled_body import compiled_draft_body
 from .draft_body import DraftInputs, draft_body
 from .replay_mode import capture_for, scratch_row_for
 from .trace_buffers import TraceBuffers
@@ -31,15 +32,22 @@ class GraphedDrafter:
     `rings`: the DrafterCache; `scratch_row` (default its last row) is read by a bucket's padding rows and
     must hold no sequence. On CUDA the graph holds the rings' and weights' addresses at capture: build a new
     GraphedDrafter after replacing either (append/rollback of the rings are fine). The body needs the
-    sync-free expert paths of engine.speedups: a model built without them gets them here."""
+    sync-free expert paths of engine.speedups: a model built without them gets them here.
+
+    `compile=True` runs the untraced body through torch.compile instead (as GraphedDecoder's compile: one compiled
+    graph per bucket and greedy flag, compiled on first use; drafts equal the eager body's up to float rounding).
+    """
 
     def __init__(self, model, rings, *, scratch_row: int | None = None, capture: bool | None = None,
-                 warmup: int = 2, min_bucket: int = 1):
+                 warmup: int = 2, min_bucket: int = 1, compile: bool = False):
         if not len(model.mtp):
             raise InputError("GraphedDrafter: the model has no DSpark draft stages")
         self.model, self.rings = apply_speedups(model), rings
         self.scratch_row = scratch_row_for(scratch_row, rings.batch_size, "the drafter cache's")
-        self.capture = capture_for(model, capture)
+        if compile and capture:
+            raise InputError("compile=True and capture=True: a compiled draft body is not also graph-captured")
+        self.capture = False if compile else capture_for(model, capture)
+        self.compiled = compiled_draft_body() if compile else None
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, bool, bool], _DraftBucket] = {}
 
@@ -81,7 +89,8 @@ class GraphedDrafter:
 
     def _run(self, st: _DraftBucket) -> None:
         def body():
-            draft_body(self.model, self.rings, st.inputs, st.sink, st.greedy)
+            run = draft_body if self.compiled is None or st.sink is not None else self.compiled
+            run(self.model, self.rings, st.inputs, st.sink, st.greedy)
 
         if st.graph is not None:
             st.graph.replay()
