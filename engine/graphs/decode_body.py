@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..model.context import ForwardContext
+from ..model.interventions import NONE
 from ..speedups import sync_free
 from .static_inputs import DecodeInputs
 
@@ -15,7 +16,8 @@ def decode_body(model, cache, inputs: DecodeInputs, trace=None) -> None:
     hashing, cache.pos, room checks — is the caller's, before and after. The speed paths run sync-free
     (engine.speedups.sync_free: experts dense or gathered at any batch, Sinkhorn in torch)."""
     ctx = ForwardContext(cache=cache, rows=inputs.rows, start=inputs.positions[:, 0], n_tokens=inputs.n_tokens,
-                         positions=inputs.positions, options=model.options, trace=trace, static=True)
+                         positions=inputs.positions, options=model.options, trace=trace, static=True,
+                         interventions=NONE)  # named here: torch.compile cannot trace a dataclass default object
     engram = None if inputs.engram_ids is None else (inputs.engram_ids, inputs.compressed)
     with sync_free():
         logits, taps = model.run_layers(inputs.tokens, ctx, engram, inputs.logits_mode)  # [bucket, (S,) vocab]

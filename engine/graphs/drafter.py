@@ -6,6 +6,7 @@ import torch
 from ..dspark.drafter import Draft, markov_drafts
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
+from ..speedups.fast_moe import FastMoE
 from .buckets import bucket_for
 from .compiled_body import compiled_draft_body
 from .draft_body import DraftInputs, draft_body
@@ -48,6 +49,10 @@ class GraphedDrafter:
             raise InputError("compile=True and capture=True: a compiled draft body is not also graph-captured")
         self.capture = False if compile else capture_for(model, capture)
         self.compiled = compiled_draft_body() if compile else None
+        if compile:  # the stages' expert stacks exist before tracing (compiled code cannot build them)
+            for module in model.mtp.modules():
+                if isinstance(module, FastMoE):
+                    module.fused()
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, bool, bool], _DraftBucket] = {}
 

@@ -14,6 +14,9 @@ def sync_free():
     """Within: FastMoE runs its routed experts densely or gathered at any token count (never the sorted path,
     whose slices are sized by counts read back to the host) and the Sinkhorn runs in torch (no numpy round
     trip). A CUDA graph can capture only such code; engine.graphs enters this mode for its static bodies."""
+    if torch.compiler.is_compiling():  # already sync-free (sync_free_active), and dynamo cannot trace a ContextVar
+        yield
+        return
     token = _ACTIVE.set(True)
     try:
         yield
