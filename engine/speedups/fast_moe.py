@@ -78,6 +78,8 @@ class FastMoE(MoE):
         experts (the reference's rule), and for small models only while the copies (written, then read) cost
         less than reading every expert once (the dense path): 2 · pairs ≤ E + 1."""
         pairs = n_tokens * self.topk
+        if torch.compiler.is_compiling():  # compiled code: gathering stays cheaper than every expert on every token
+            return n_tokens * (self.topk + 1) <= 2 * (self.n_experts + 1)
         if self.dense_ok and not self.experts[0].w1.act_quant:
             return 2 * n_tokens * (self.topk + 1) <= self.n_experts + 1
         return pairs <= self.n_experts
