@@ -1,7 +1,7 @@
 """DSpark against plain decoding on the shipped model at T = 0: per held-out prompt, tokens/s ratios, accepted length.
 
     .venv/bin/python scripts/bench_dspark.py [--repeats 5] [--new-tokens 64] [--prompts 8] [--threads 1]
-        [--checkpoint checkpoints/default] [--data data/shakespeare] [--json OUT]
+        [--checkpoint checkpoints/default] [--data data/shakespeare] [--compile] [--json OUT]
 
 The prompts are the model card's (engine.training.card_prompts: speech openings spread evenly over the held-out works
 of the prepared corpus, which no training step saw). One process, one thread: every repeat runs each prompt in the
@@ -13,6 +13,10 @@ included, alike in every mode) in this thread's CPU seconds, which other work on
 The auto schedule's table is this machine's, profiled on first use (engine.dspark.profile). The load average is
 printed before and after: other work on the machine slows every mode, but not alike (a DSpark step reads more
 weights), so compare ratios measured at similar loads.
+
+--compile runs every mode's decode steps through torch.compile (plain steps; DSpark's verify blocks, drafts and the
+auto schedule's plain steps): the ratios then compare compiled DSpark with compiled plain decoding. The warm-up
+compiles each mode's graphs first (minutes the first time; inductor's disk cache makes later runs quicker).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--compile", action="store_true", help="every mode through torch.compile (see above)")
     p.add_argument("--json", help="also write the per-run numbers to this file")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.new_tokens < 2 or args.prompts < 1 or args.threads < 1:
@@ -62,9 +67,10 @@ def held_out_prompts(engine, data: Path, count: int) -> list[str]:
     return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count)
 
 
-def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int) -> dict:
+def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False) -> dict:
     cpu = time.thread_time()
-    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode])
+    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode],
+                          **({"compiled": True} if compiled else {}))
     out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
     if mode != "plain":
         m = res.metrics
@@ -118,20 +124,24 @@ def main(argv=None) -> int:
     configs = {"plain": None, "auto": DSparkConfig.from_settings("auto", model=engine.model),
                "all": DSparkConfig("all")}
     ids = [engine.encode_prompt(p) for p in prompts]
-    run(engine, ids[0], "auto", configs, 8)                         # warm-up: every path once
-    run(engine, ids[0], "plain", configs, 8)
+    for mode in MODES if args.compile else ("auto", "plain"):       # warm-up: every path once (compiled: every graph)
+        run(engine, ids[0], mode, configs, args.new_tokens if args.compile else 8, args.compile)
+    for prompt_ids in ids[1:] if args.compile else ():              # the auto schedule's plain steps, where it takes any
+        run(engine, prompt_ids, "auto", configs, args.new_tokens, True)
     load_before, t0 = os.getloadavg(), time.perf_counter()
     runs = []
     for rep in range(args.repeats):
         for i, prompt_ids in enumerate(ids):
             order = MODES[rep % 3:] + MODES[:rep % 3]
             runs.append({"repeat": rep, "prompt": i,
-                         **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens) for mode in order}})
+                         **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens, args.compile)
+                            for mode in order}})
             print(f"\rrepeat {rep + 1}/{args.repeats}, prompt {i + 1}/{len(ids)}", end="", file=sys.stderr)
     print(file=sys.stderr)
     load_after = os.getloadavg()
     print(f"DSpark vs plain decoding, T = 0, {args.new_tokens} new tokens, {args.repeats} interleaved repeats, "
-          f"{args.checkpoint}; {machine_description('cpu')}, torch {torch.__version__}, {args.threads} thread(s); "
+          f"{args.checkpoint}{', every mode compiled (torch.compile)' if args.compile else ''}; "
+          f"{machine_description('cpu')}, torch {torch.__version__}, {args.threads} thread(s); "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({time.perf_counter() - t0:.0f} s)")
     sps = configs["auto"].sps
     gamma = engine.args.dspark_block_size

@@ -61,6 +61,8 @@ SLOW = {
     "test_dspark_fallback_distribution.py": "the same chi-square test with the auto schedule's plain steps [15 s]",
     "test_graphs.py::test_static_body_decodes_like_eager_step_by_step": "24+ decode steps, twice [12 s]",
     "test_graphs.py::test_greedy_dspark_with_graphs_equals_eager": "four speculative runs, twice each [9 s]",
+    "test_graphs.py::test_compiled_dspark_equals_eager_without_graph_breaks": "torch.compile of the verify and "
+        "draft bodies [~3-4 min cold]",
     "test_speedups_fast.py::test_compiled_decode_equals_eager_decode": "torch.compile of a decode body (inductor, "
         "gcc) [~2-3 min cold; ~30 s with inductor's disk cache]",
     "test_kernels_engine.py::test_kernel_engine_matches_reference_prefill_and_decode": "Triton interpreter [6 s]",

@@ -81,3 +81,19 @@ def test_a_run_with_plain_steps_equals_plain_decoding(model):
     assert again.tokens == [t[:16] for t in want.tokens] and again.plain_steps == 0
     assert DSparkConfig("auto", sps=COSTLY, plain_fallback=False).fallback() is None
     assert DSparkConfig("all").fallback() is None and DSparkConfig("auto", sps=COSTLY).fallback() is not None
+
+
+def test_graphed_runs_verify_every_draft_and_keep_the_plain_steps(model):
+    """With cuda_graphs (on the CPU: the static bodies, eagerly) or compiled, a verify block is γ + 1 wide whatever
+    the schedule's ℓ, so the auto schedule verifies every draft the token budget allows; its plain steps go through
+    a one-token GraphedDecoder on the same cache. Greedy output still equals plain decoding."""
+    want = generate(model, PROMPTS, max_new_tokens=20, seed=0)
+    res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, cuda_graphs=True,
+                               dspark=DSparkConfig("auto", sps=COSTLY))
+    assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
+    assert res.plain_steps > 0 and res.graphed_plain_steps == res.plain_steps
+    assert res.graphed_forwards == res.target_forwards == len({s.step for s in res.steps}) > 1
+    gamma = model.args.dspark_block_size
+    for s in res.steps:
+        made = s.anchor_pos - len(PROMPTS[s.row]) + 1                        # tokens the row had (anchor included)
+        assert s.verify_len == min(gamma, 20 - made - 1)

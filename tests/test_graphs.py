@@ -97,6 +97,15 @@ def test_buckets_are_powers_of_two_and_padding_points_at_the_scratch_row():
                     torch.arange(5), (torch.zeros(5, 1, *ids.shape[2:], dtype=torch.long), torch.zeros(5, 1)))
 
 
+def test_compiled_runs_bucket_their_cache_length():
+    """Powers of two from 64, capped at the limit but never below what the run needs."""
+    from engine.graphs import cache_length_for
+    assert [cache_length_for(n, 1024) for n in (1, 64, 65, 200, 513, 1024)] == [64, 64, 128, 256, 1024, 1024]
+    assert [cache_length_for(n, 100) for n in (30, 90, 100, 106)] == [64, 100, 100, 106]
+    with pytest.raises(ValueError, match="at least one position"):
+        cache_length_for(0, 1024)
+
+
 def test_decoder_refuses_misuse_clearly():
     model = tiny_model()
     cache = model.new_cache(3, 32)
@@ -377,6 +386,28 @@ def test_sampled_dspark_with_graphs_draws_the_same_random_numbers(spec_model):
     assert all(torch.equal(a, b) for a, b in zip(states[False], states[True]))
     assert any(s.accepted for s in eager.steps) and any(s.next_kind == "replacement" for s in eager.steps)
     assert graphed.graphed_forwards == graphed.target_forwards
+
+
+def test_compiled_dspark_equals_eager_without_graph_breaks(spec_model):
+    """generate_speculative(compiled=True): the verify blocks and the drafts through torch.compile decide every step
+    as the eager run does (float64: no rounding can tie two logits), and dynamo traces both bodies whole — a graph
+    break would hand ops back to Python between compiled pieces; a later run of another length compiles nothing new.
+    Slow: compiling takes minutes on a small CPU."""
+    from torch._dynamo.utils import counters
+
+    from engine.generation import DSparkConfig
+    cfg = DSparkConfig("all")
+    eager = _speculate(spec_model, SPEC_PROMPTS[:1], False, dspark=cfg)
+    counters.clear()
+    compiled = _speculate(spec_model, SPEC_PROMPTS[:1], False, dspark=cfg, compiled=True)
+    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] >= 2
+    assert compiled.tokens == eager.tokens and _step_facts(compiled.steps) == _step_facts(eager.steps)
+    assert compiled.graphed_forwards == compiled.target_forwards == compiled.graphed_drafts == len(eager.steps)
+    graphs = counters["stats"]["unique_graphs"]   # a shorter run's cache falls in the same length bucket: no compile
+    shorter = _speculate(spec_model, SPEC_PROMPTS[:1], False, dspark=cfg, compiled=True, max_new_tokens=9)
+    assert counters["stats"]["unique_graphs"] == graphs and shorter.tokens[0] == eager.tokens[0][:9]
+    m = eager.metrics
+    assert 0 < m.accepted < m.scheduled                                     # both verdicts occurred
 
 
 @pytest.mark.parametrize("max_tokens, prompts", [(None, [[0, 10], [0, 7, 21]]), (40, SPEC_PROMPTS)],

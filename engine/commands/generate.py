@@ -68,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode steps as CUDA graphs (one per batch bucket); on the CPU the same static "
                              "decode body runs eagerly (same output, no speed-up). With --dspark: the target's verify "
-                             "forwards (full γ + 1 blocks); the drafter stays eager")
+                             "forwards (full γ + 1 blocks), the auto schedule's plain steps and the drafter")
     parser.add_argument("--compile", action="store_true",
-                        help="run plain decode steps through torch.compile (inductor): several times faster on a CPU "
-                             "once compiled, but compiling takes minutes the first time (cached on disk after); "
-                             "output equal up to float rounding. Not with --dspark")
+                        help="run decode steps through torch.compile (inductor; with --dspark the verify, draft and "
+                             "plain steps): several times faster on a CPU once compiled, but compiling takes minutes "
+                             "the first time (cached on disk after); output equal up to float rounding")
     parser.add_argument("--intervene", metavar="SPEC", action="append", default=[],
                         help="a what-if change, repeatable: engram-off:L, ban-expert:L:E, force-expert:L:E, "
                              "mhc-identity:L, no-candidate-filter, drop-stage:K (with --dspark), each optionally "
@@ -105,9 +105,6 @@ def generate_text(args: argparse.Namespace) -> int:
     check_at_most(args.max_new_tokens, model_args.max_seq_len - 1, "--max-new-tokens",
                   f"what the model's max_seq_len of {model_args.max_seq_len} leaves after a one-token prompt")
     apply_threads(args.threads)
-    if args.compile and args.dspark:
-        raise InputError("--compile compiles plain decode steps; DSpark's verify and draft steps run eagerly, so "
-                         "use one of --compile and --dspark")
     if args.cuda_graphs and not args.device.startswith("cuda"):
         print("--cuda-graphs on the CPU: the static decode body runs eagerly (no graph capture, no speed-up)",
               file=sys.stderr)

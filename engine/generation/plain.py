@@ -60,6 +60,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     max_len = min(args.max_seq_len, max(len(p) for p in prompts) + max_new_tokens)
     # with graphs, one extra cache row takes the padding rows of a batch bucket
     graphed = cuda_graphs or compiled
+    if compiled:  # a bucketed length: later runs of nearby lengths reuse the compiled graphs
+        from ..graphs import cache_length_for
+        max_len = cache_length_for(max_len, args.max_seq_len)
     cache = model.new_cache(n + 1 if graphed else n, max_len)
     decoder = None
     if graphed:

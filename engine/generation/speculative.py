@@ -12,6 +12,7 @@ from ..dspark.config import DSparkConfig
 from ..dspark.drafter import Draft, draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
+from ..dspark.schedule import schedule_all
 from ..dspark.verify import verify, verify_greedy
 from ..model.sampling import (
     NonFiniteLogitsError,
@@ -43,10 +44,11 @@ __all__ = ["SpeculativeResult", "generate_speculative"]
 class SpeculativeResult(GenerationResult):
     steps: list[DSparkStep] = field(default_factory=list)
     target_forwards: int = 0           # decode-time target forwards (one per speculative step, all rows)
-    graphed_forwards: int = 0          # of those, verify forwards run by the GraphedDecoder (cuda_graphs)
-    graphed_drafts: int = 0            # draft steps run by the GraphedDrafter (cuda_graphs: every step)
+    graphed_forwards: int = 0          # of those, verify forwards run by a GraphedDecoder (cuda_graphs, compiled)
+    graphed_drafts: int = 0            # draft steps run by the GraphedDrafter (cuda_graphs, compiled: every step)
     plain_steps: int = 0               # decode steps without a draft (the auto schedule's fallback): not in
     plain_s: float = 0.0               # steps nor target_forwards; their seconds are in decode_s and here
+    graphed_plain_steps: int = 0       # of the plain steps, those run by a one-token GraphedDecoder
 
     @property
     def metrics(self) -> DSparkMetrics:
@@ -80,12 +82,13 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     The draft step goes through an engine.graphs.GraphedDrafter: the stages' forward and base logits (and,
     greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
     generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager.
+    The auto schedule then verifies every draft (a graphed block costs the same whatever ℓ, so Alg. 1's best
+    length is γ) and keeps its plain steps, each through a one-token GraphedDecoder on the same cache.
 
-    compiled: the same static verify and draft bodies through torch.compile (engine.graphs.compiled_body; on a CPU,
-    generated C++ instead of thousands of small ops a step; minutes of compiling on first use, cached on disk). Every
-    step drafts and verifies a full block, as with cuda_graphs (no plain fallback); logits and drafts equal the eager
-    bodies' up to float rounding, so greedy output equals compiled plain decoding's except where two logits tie
-    within that rounding.
+    compiled: the same static verify, plain-step and draft bodies through torch.compile (engine.graphs.compiled_body;
+    on a CPU, generated C++ instead of thousands of small ops a step; minutes of compiling on first use, cached on
+    disk), with cuda_graphs' block widths and schedules; logits and drafts equal the eager bodies' up to float
+    rounding, so greedy output equals compiled plain decoding's except where two logits tie within that rounding.
 
     interventions (engine.spec.interventions) apply to every target forward, so the drafter's taps come from the
     intervened target, and drop-stage to the drafter: the output is the plain output under the same backbone
@@ -133,19 +136,24 @@ class _Speculation:
         graphed = cuda_graphs or compiled
         # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
         # already give every active row room for a full graphed block (the eager fallback guards the rest)
-        self.cache = model.new_cache(n + 1 if graphed else n, longest + self.gamma + 1)
-        self.decoder = None
+        length = longest + self.gamma + 1
+        if compiled:  # a bucketed length: later runs of nearby lengths reuse the compiled graphs
+            from ..graphs import cache_length_for
+            length = cache_length_for(length, self.args.max_seq_len + self.gamma + 1)
+        self.cache = model.new_cache(n + 1 if graphed else n, length)
+        self.fallback = cfg.fallback()                         # auto: plain steps while drafting does not pay
+        self.decoders = {}   # graphed target forwards by block width: γ + 1 (verify), 1 (the fallback's plain steps)
         if graphed:
             from ..graphs import GraphedDecoder
-            self.decoder = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=self.gamma + 1,
-                                          logits="all", return_taps=True, compile=compiled)
+            for width in (self.gamma + 1, 1) if self.fallback is not None else (self.gamma + 1,):
+                self.decoders[width] = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=width,
+                                                      logits="all", return_taps=True, compile=compiled)
         # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
         self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin)
         self.drafter = None
         if graphed:
             from ..graphs import GraphedDrafter
             self.drafter = GraphedDrafter(model, self.rings, scratch_row=n, compile=compiled)
-        self.fallback = None if graphed else cfg.fallback()   # auto: plain steps while drafting does not pay
         self.calibration = cfg.calibration(self.gamma)            # auto: confidences scaled by the run's verdicts
         self.res = SpeculativeResult.for_prompts(prompts)
         self.out = Emitter(self.res, max_new, self.args.max_seq_len, stop_tokens, trace, token_text, on_token)
@@ -217,7 +225,10 @@ class _Speculation:
         raw = d.confidence(self.temperature)                                   # [A, γ]
         conf = raw if self.calibration is None else self.calibration(raw)
         # with plain steps to fall back on, a step that drafted verifies at least its first draft
-        lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None)), anchor_pos)
+        if self.decoders and self.cfg.schedule == "auto":  # a graphed block costs the same whatever ℓ: Alg. 1 picks γ
+            lengths = self._capped(schedule_all(conf), anchor_pos)
+        else:
+            lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None)), anchor_pos)
         width = max(lengths) + 1
         logits, taps = self._target_forward(rows, anchors, d.tokens, width)
         check_finite_logits(logits, lambda i: f"in the verify forward of DSpark step {self.n_steps} (row {active[i]}, "
@@ -270,11 +281,15 @@ class _Speculation:
         Eager: w = width (the batch's longest scheduled block; shorter rows are padded with their next
         drafts). Graphed: w = γ + 1 for every row, the trace given only the first `width` tokens' records as
         the eager forward would make them; the caller's rollback discards the extra positions either way."""
-        full = self.gamma + 1
-        if self.decoder is not None and bool((self.cache.pos[rows] + full <= self.cache.max_seq_len).all()):
-            block = torch.cat([anchors.unsqueeze(1), drafts], 1)               # [A, γ+1]
-            self.res.graphed_forwards += 1
-            return self.decoder.step(block, rows, self.trace, trace_tokens=width)
+        full = 1 + drafts.size(1)                                              # γ + 1, or 1 for a plain step
+        decoder = self.decoders.get(full)
+        if decoder is not None and bool((self.cache.pos[rows] + full <= self.cache.max_seq_len).all()):
+            block = torch.cat([anchors.unsqueeze(1), drafts], 1)               # [A, γ+1] or [A, 1]
+            if full > 1:
+                self.res.graphed_forwards += 1
+            else:
+                self.res.graphed_plain_steps += 1
+            return decoder.step(block, rows, self.trace, trace_tokens=width)
         block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
         return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
                           interventions=self.interventions)
