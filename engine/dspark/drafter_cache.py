@@ -1,19 +1,31 @@
 """DrafterCache: each draft stage's ring of tapped target features (spec §7), with exact rollback."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..model.draft import main_features
 from ..spec.errors import InputError
 
 
+def tapped_ring_rows(model, taps: torch.Tensor, positions: torch.Tensor, quant_sim: bool) -> list[torch.Tensor]:
+    """The target's taps [B, S, n_taps·dim] at absolute positions [B, S] → each draft stage's ring rows
+    [B, S, head_dim] in the model's dtype (spec §7: main_x through the stage's kv projection, norm and RoPE)."""
+    main_x = main_features(model, taps)                                      # [B, S, dim]
+    return [stage.attn.ring_kv(main_x, positions, quant_sim).to(model.dtype) for stage in model.mtp]
+
+
 class DrafterCache:
     """Per row b, `pos[b]` = the next position whose target features the rings will take, and for every draft
     stage a ring [R, window + margin, head_dim] of main_kv rows at slot = position % slots. The drafter reads
     the last `window` positions; the `margin` spare slots keep the newest positions restorable, so features
-    of a whole verified block can be written and the rejected part rolled back, as in the target cache."""
+    of a whole verified block can be written and the rejected part rolled back, as in the target cache.
 
-    def __init__(self, model, batch_size: int, margin: int):
+    `block_rows` = (S, f): appends of S positions (a verify block's) compute their ring rows with f, a compiled
+    tapped_ring_rows (engine.graphs.compiled_body.compiled_ring_rows); other widths (prefill, catch-up) run eagerly."""
+
+    def __init__(self, model, batch_size: int, margin: int, block_rows: tuple[int, Callable] | None = None):
         args = model.args
         if not args.has_dspark:
             raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter (dspark_block_size 0)")
@@ -25,6 +37,7 @@ class DrafterCache:
         self.high_water = torch.zeros(batch_size, dtype=torch.long)
         self.rings = {st.attn.layer: torch.zeros(batch_size, self.slots, args.head_dim, dtype=model.dtype,
                                                  device=model.device) for st in model.mtp}
+        self.block_rows = block_rows
         self.deferred: dict[int, list[torch.Tensor]] = {}   # row → taps [1, s, n_taps·dim] not yet in its rings
         self.skipped: dict[int, int] = {}                    # row → deferred positions dropped (never read)
 
@@ -49,12 +62,14 @@ class DrafterCache:
             raise InputError(f"append: {B} rows of taps for {rows.numel()} cache rows")
         keep = min(S, self.slots)  # older positions would be overwritten inside this very write
         positions = self.pos[rows].unsqueeze(1) + torch.arange(S - keep, S)   # [B, keep]
-        main_x = main_features(model, taps[:, S - keep:])                       # [B, keep, dim]
-        dev = main_x.device
+        dev = taps.device
+        compute = tapped_ring_rows
+        if self.block_rows is not None and keep == self.block_rows[0]:
+            compute = self.block_rows[1]
+        kv_rows = compute(model, taps[:, S - keep:], positions.to(dev), self.quant_sim)   # per stage [B, keep, D]
         slot = (positions % self.slots).to(dev)
-        for stage in model.mtp:
-            kv = stage.attn.ring_kv(main_x, positions.to(dev), self.quant_sim)  # [B, keep, head_dim]
-            self.rings[stage.attn.layer][rows.to(dev).unsqueeze(1), slot] = kv.to(model.dtype)
+        for stage, kv in zip(model.mtp, kv_rows):
+            self.rings[stage.attn.layer][rows.to(dev).unsqueeze(1), slot] = kv
         self.pos[rows] += S
         self.high_water[rows] = torch.maximum(self.high_water[rows], self.pos[rows])
 

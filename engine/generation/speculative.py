@@ -149,7 +149,11 @@ class _Speculation:
                 self.decoders[width] = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=width,
                                                       logits="all", return_taps=True, compile=compiled)
         # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
-        self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin)
+        block_rows = None
+        if compiled:
+            from ..graphs.compiled_body import compiled_ring_rows
+            block_rows = (self.gamma + 1, compiled_ring_rows())
+        self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin, block_rows)
         self.drafter = None
         if graphed:
             from ..graphs import GraphedDrafter

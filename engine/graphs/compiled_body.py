@@ -1,4 +1,5 @@
-"""decode_body and draft_body through torch.compile (inductor), each made once per process and shared."""
+"""decode_body, draft_body and the drafter rings' rows through torch.compile (inductor), each made once per process
+and shared."""
 from __future__ import annotations
 
 import warnings
@@ -6,6 +7,7 @@ from functools import lru_cache
 
 import torch
 
+from ..dspark.drafter_cache import tapped_ring_rows
 from .decode_body import decode_body
 from .draft_body import draft_body
 
@@ -28,6 +30,14 @@ def compiled_draft_body():
     greedy flag)."""
     _prepare_dynamo()
     return torch.compile(draft_body, dynamic=False)
+
+
+@lru_cache(maxsize=1)
+def compiled_ring_rows():
+    """tapped_ring_rows compiled with static shapes: a verify block's taps into the drafter rings' rows (the
+    DrafterCache's block_rows)."""
+    _prepare_dynamo()
+    return torch.compile(tapped_ring_rows, dynamic=False)
 
 
 def _prepare_dynamo() -> None:
