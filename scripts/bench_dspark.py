@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ids = [engine.encode_prompt(p) for p in prompts]
     for mode in MODES if args.compile else ("auto", "plain"):       # warm-up: every path once (compiled: every graph)
         run(engine, ids[0], mode, configs, args.new_tokens if args.compile else 8, args.compile)
-    for prompt_ids in ids[1:] if args.compile else ():              # the auto schedule's plain steps, where it takes any
+    for prompt_ids in ids[1:] if args.compile else ():              # the auto schedule's plain steps, if it takes any
         run(engine, prompt_ids, "auto", configs, args.new_tokens, True)
     load_before, t0 = os.getloadavg(), time.perf_counter()
     runs = []

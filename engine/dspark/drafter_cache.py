@@ -1,7 +1,7 @@
 """DrafterCache: each draft stage's ring of tapped target features (spec §7), with exact rollback."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

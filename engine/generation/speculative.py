@@ -229,7 +229,7 @@ class _Speculation:
         raw = d.confidence(self.temperature)                                   # [A, γ]
         conf = raw if self.calibration is None else self.calibration(raw)
         # with plain steps to fall back on, a step that drafted verifies at least its first draft
-        if self.decoders and self.cfg.schedule == "auto":  # a graphed block costs the same whatever ℓ: Alg. 1 picks γ
+        if self.decoders and self.cfg.schedule == "auto":  # a graphed block costs the same whatever ℓ: γ is best
             lengths = self._capped(schedule_all(conf), anchor_pos)
         else:
             lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None)), anchor_pos)

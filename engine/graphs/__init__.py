@@ -9,4 +9,5 @@ from .static_inputs import DecodeInputs
 from .trace_buffers import TraceBuffers
 
 __all__ = ["CaptureUnsafeError", "DecodeInputs", "DraftInputs", "GraphedDecoder", "GraphedDrafter", "TraceBuffers",
-           "bucket_for", "cache_length_for", "check_capture_safe", "check_draft_capture_safe", "decode_body", "draft_body"]
+           "bucket_for", "cache_length_for", "check_capture_safe", "check_draft_capture_safe", "decode_body",
+           "draft_body"]
