@@ -69,8 +69,7 @@ def held_out_prompts(engine, data: Path, count: int) -> list[str]:
 
 def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False) -> dict:
     cpu = time.thread_time()
-    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode],
-                          **({"compiled": True} if compiled else {}))
+    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled)
     out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
     if mode != "plain":
         m = res.metrics

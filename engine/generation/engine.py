@@ -101,8 +101,8 @@ class Engine:
                  interventions: Sequence[Intervention | str] = (), **kwargs) -> GenerationResult:
         """Generate from token ids: plain decoding, or with dspark (a DSparkConfig) speculative decoding, whose
         result is a SpeculativeResult with DSpark metrics. The other keywords are those of
-        engine.generation.plain.generate (sampling, seed, stop tokens, on_token, trace, cuda_graphs); the trace
-        labels tokens with the tokenizer's text unless token_text is given. interventions: what-if changes
+        engine.generation.plain.generate (sampling, seed, stop tokens, on_token, trace, cuda_graphs, compiled); the
+        trace labels tokens with the tokenizer's text unless token_text is given. interventions: what-if changes
         (engine.spec.interventions, e.g. 'ban-expert:3:5@12'), checked against the config, applied to every forward
         of the run and recorded in the trace's meta."""
         kwargs["interventions"] = interventions
@@ -120,8 +120,8 @@ class Engine:
                       interventions: Sequence[Intervention | str] = (), **kwargs) -> TextGeneration:
         """Generate from text; on_text(row, piece) streams decoded text (whole characters only). dspark: a
         DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics).
-        cuda_graphs=True graphs the decode steps (with dspark: the target's verify forwards). interventions: as
-        for generate."""
+        cuda_graphs=True graphs the decode steps, compiled=True runs them through torch.compile (with dspark: the
+        target's verify forwards, the drafts and the auto schedule's plain steps). interventions: as for generate."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode_prompt(t, add_bos, f"prompt {i}") for i, t in enumerate(texts)]
         streams = [TextStream(self.tokenizer) for _ in texts]
