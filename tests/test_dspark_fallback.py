@@ -83,10 +83,16 @@ def test_a_run_with_plain_steps_equals_plain_decoding(model):
     assert DSparkConfig("all").fallback() is None and DSparkConfig("auto", sps=COSTLY).fallback() is not None
 
 
-def test_graphed_runs_verify_every_draft_and_keep_the_plain_steps(model):
+@pytest.mark.parametrize("block_over_plain", [None, 1.0, 1e9], ids=["measured", "cheap-block", "costly-block"])
+def test_graphed_runs_verify_every_draft_or_none_and_keep_the_plain_steps(model, monkeypatch, block_over_plain):
     """With cuda_graphs (on the CPU: the static bodies, eagerly) or compiled, a verify block is γ + 1 wide whatever
-    the schedule's ℓ, so the auto schedule verifies every draft the token budget allows; its plain steps go through
-    a one-token GraphedDecoder on the same cache. Greedy output still equals plain decoding."""
+    the schedule's ℓ, so at each drafting step the auto schedule verifies every draft the token budget allows on
+    every row, or none (the anchors through the one-token GraphedDecoder its plain steps also use) when the block's
+    cost in plain forwards (the run's own timings; here also set by hand) exceeds the expected tokens. Greedy output
+    still equals plain decoding."""
+    from engine.generation import speculative
+    if block_over_plain is not None:
+        monkeypatch.setattr(speculative._Speculation, "_block_over_plain", lambda self: block_over_plain)
     want = generate(model, PROMPTS, max_new_tokens=20, seed=0)
     res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, cuda_graphs=True,
                                dspark=DSparkConfig("auto", sps=COSTLY))
@@ -94,6 +100,13 @@ def test_graphed_runs_verify_every_draft_and_keep_the_plain_steps(model):
     assert res.plain_steps > 0 and res.graphed_plain_steps == res.plain_steps
     assert res.graphed_forwards == res.target_forwards == len({s.step for s in res.steps}) > 1
     gamma = model.args.dspark_block_size
+    verified = {}
     for s in res.steps:
         made = s.anchor_pos - len(PROMPTS[s.row]) + 1                        # tokens the row had (anchor included)
-        assert s.verify_len == min(gamma, 20 - made - 1)
+        room = min(gamma, 20 - made - 1)
+        assert s.verify_len in (0, room)
+        if room:
+            verified.setdefault(s.step, set()).add(s.verify_len > 0)
+    assert all(len(kinds) == 1 for kinds in verified.values())              # all rows verify their drafts, or none
+    if block_over_plain is not None:   # a block as cheap as a plain forward always pays; a costly one never
+        assert {kind for kinds in verified.values() for kind in kinds} == {block_over_plain == 1.0}

@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from engine.dspark.calibration import OnlineCalibration
+from engine.dspark.config import DSparkConfig
 from engine.dspark.fallback import PlainFallback
 from engine.dspark.schedule import (
     ThroughputTable,
     drafting_pays,
     schedule_all,
+    schedule_block,
     schedule_threshold,
     schedule_throughput,
     step_gain,
@@ -30,6 +32,18 @@ def test_all_and_threshold():
     assert schedule_all(c) == [4, 4, 4]
     assert schedule_threshold(c, 0.5) == [2, 4, 0]
     assert schedule_threshold(c, 0.0) == [4, 4, 4]
+
+
+def test_a_fixed_width_block_verifies_every_draft_or_none():
+    """Graphed blocks: every draft when the expected tokens, the anchors plus the drafts' survival (two rows here:
+    2 + 1.575 + 0.7), reach one token per row times the block's cost in plain forwards; else none."""
+    c = torch.tensor([[0.9, 0.5, 0.5], [0.5, 0.2, 1.0]])                # survival sums 1.575 and 0.7
+    assert schedule_block(c, 2.0) == [3, 3]                              # 4.275 ≥ 4
+    assert schedule_block(c, 2.2) == [0, 0]                              # 4.275 < 4.4
+    assert schedule_block(c[:1], 2.5) == [3] and schedule_block(c[1:], 1.8) == [0]   # 2.575 ≥ 2.5; 1.7 < 1.8
+    auto = DSparkConfig("auto", sps=ThroughputTable([1, 8], [100.0, 50.0], draft_rows=[1], draft_seconds=[0.01]))
+    assert auto.lengths(c, least=1, block_over_plain=2.0) == [3, 3] and auto.lengths(c, 1, 2.2) == [0, 0]
+    assert DSparkConfig("all").lengths(c, block_over_plain=9.0) == [3, 3]  # only auto chooses
 
 
 def expected_rate(a, lengths, sps):

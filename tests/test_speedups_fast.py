@@ -224,18 +224,33 @@ def test_numpy_token_map_models_prepare_on_the_meta_device():
 def test_compiled_decode_equals_eager_decode():
     """GraphedDecoder(compile=True): the static decode body through torch.compile (inductor) gives the eager
     forward's logits up to fp32 rounding (fused kernels sum in other orders; the quant simulation can move a
-    value by one FP8/FP4 step) and the same greedy tokens. Slow: compiling takes minutes on a small CPU."""
+    value by one FP8/FP4 step) and the same greedy tokens. The compiled model runs no eager forward first (its prompt
+    goes through the decoder token by token), and dynamo still traces the body whole: the decoder builds the expert
+    stacks before tracing. Each model compiles its own copy of the body, whose guards skip the model's modules and
+    parameters (engine.graphs.compiled_body): a second model of other widths in the same process gets its own graphs.
+    Slow: compiling takes minutes on a small CPU."""
+    from torch._dynamo.utils import counters
+
     from engine.graphs import GraphedDecoder
-    _, fast = pair("v4.1", torch.float32)
+    from engine.graphs.compiled_body import compiled_body
     tokens = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(9))
-    with torch.inference_mode():
-        eager_cache, graph_cache = fast.new_cache(1, 12), fast.new_cache(2, 12)
-        out = fast(tokens, eager_cache).logits
-        fast(tokens, graph_cache, rows=[0])
-        decoder = GraphedDecoder(fast, graph_cache, scratch_row=1, compile=True)
-        for _ in range(4):
-            nxt = out.argmax(-1, keepdim=True)
-            out = fast(nxt, eager_cache).logits
-            got = decoder.step(nxt, [0]).logits
+    counters.clear()
+    models = []
+    for widths in ({}, {"moe_inter_dim": 48, "q_lora_rank": 40}):
+        (_, fast), (_, compiled) = pair("v4.1", torch.float32, **widths), pair("v4.1", torch.float32, **widths)
+        models.append(compiled)
+        with torch.inference_mode():
+            eager_cache, graph_cache = fast.new_cache(1, 12), compiled.new_cache(2, 12)
+            out = fast(tokens, eager_cache).logits
+            decoder = GraphedDecoder(compiled, graph_cache, scratch_row=1, compile=True)
+            for t in tokens[0]:
+                got = decoder.step(t.view(1, 1), [0]).logits
             torch.testing.assert_close(got, out, atol=TOL[torch.float32], rtol=TOL[torch.float32])
-            assert torch.equal(got.argmax(-1), out.argmax(-1))
+            for _ in range(4):
+                nxt = out.argmax(-1, keepdim=True)
+                out = fast(nxt, eager_cache).logits
+                got = decoder.step(nxt, [0]).logits
+                torch.testing.assert_close(got, out, atol=TOL[torch.float32], rtol=TOL[torch.float32])
+                assert torch.equal(got.argmax(-1), out.argmax(-1))
+    assert dict(counters["graph_break"]) == dict(counters["unimplemented"]) == {}   # (a skipped frame: the latter)
+    assert compiled_body(models[0]) is not compiled_body(models[1]) and counters["stats"]["unique_graphs"] == 2

@@ -12,7 +12,7 @@ from ..spec.errors import InputError
 from .calibration import OnlineCalibration
 from .fallback import PlainFallback
 from .profile import profile_and_store, stored_table, table_path
-from .schedule import ThroughputTable, schedule_all, schedule_threshold, schedule_throughput
+from .schedule import ThroughputTable, schedule_all, schedule_block, schedule_threshold, schedule_throughput
 
 # schedule name -> what it verifies (the CLI's --schedule choices and the app's selector)
 SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
@@ -87,10 +87,14 @@ class DSparkConfig:
             return None
         return OnlineCalibration(gamma)
 
-    def lengths(self, confidence: torch.Tensor, least: int = 0) -> list[int]:
-        """Drafts to verify per request, from confidences [R, γ]; at least `least` each."""
+    def lengths(self, confidence: torch.Tensor, least: int = 0, block_over_plain: float | None = None) -> list[int]:
+        """Drafts to verify per request, from confidences [R, γ]; at least `least` each. block_over_plain (auto, with
+        a fixed-width verify block and a plain forward to choose from): the block's seconds over the plain forward's,
+        and the choice is every draft or none (schedule_block)."""
         if self.schedule == "all":
             return schedule_all(confidence)
+        if self.schedule == "auto" and block_over_plain is not None:
+            return schedule_block(confidence, block_over_plain)
         if self.schedule == "threshold":
             return [max(least, ell) for ell in schedule_threshold(confidence, self.threshold)]
         return schedule_throughput(confidence, self.sps, early_stop=self.early_stop, least=least)

@@ -16,9 +16,11 @@ class PlainFallback:
     next `wait` steps plain — no draft, the anchor alone verified — and then the run drafts again to look: the
     drafter's confidence is only known by drafting. The wait starts at one step and doubles after each look that
     leaves the mean below 1, up to MAX_WAIT, so that a stretch of text the drafter cannot predict costs at most one
-    draft in MAX_WAIT + 1 steps; a mean back above 1 resumes drafting at once. A drafting step then verifies at
-    least one draft (schedule_throughput's `least`): the draft is paid for, and its verdict is what the judgement
-    and the calibration learn from.
+    draft in MAX_WAIT + 1 steps; a mean back above 1 resumes drafting at once. An eager drafting step then verifies
+    at least one draft (schedule_throughput's `least`): the draft is paid for, and its verdict is what the judgement
+    and the calibration learn from. A graphed one (fixed-width blocks) verifies all drafts or none (schedule_block):
+    there a block costs as much for one draft as for γ, and a look whose confidences do not promise the block's
+    cost takes a plain forward instead.
 
     The table is a prior, profiled once: the run's own step times correct it. Measured over the table's seconds,
     per kind of step (running means, weight TIME_WEIGHT), the two slowdowns scale the gain by plain's over

@@ -20,6 +20,16 @@ def schedule_all(confidence: torch.Tensor) -> list[int]:
     return [confidence.shape[-1]] * confidence.shape[0]
 
 
+def schedule_block(confidence: torch.Tensor, block_over_plain: float) -> list[int]:
+    """A verify block of fixed width (CUDA graphs, torch.compile) costs the same whatever ℓ, so a step that drafted
+    verifies either every draft of every row or none (the anchors alone, through a plain forward): every draft when
+    the block's expected tokens (each row's anchor plus the survival of its drafts) per its time beat a plain
+    forward's one token per row. block_over_plain: the block forward's seconds over a plain forward's."""
+    n_req = confidence.shape[0]
+    expected = n_req + float(survival(confidence).sum())
+    return schedule_all(confidence) if expected >= n_req * block_over_plain else [0] * n_req
+
+
 def schedule_threshold(confidence: torch.Tensor, threshold: float) -> list[int]:
     """Cut each proposal before the first draft whose own confidence falls below `threshold` (spec §8.2)."""
     below = confidence < threshold                                  # [R, γ]

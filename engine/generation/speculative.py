@@ -12,7 +12,6 @@ from ..dspark.config import DSparkConfig
 from ..dspark.drafter import Draft, draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
-from ..dspark.schedule import schedule_all
 from ..dspark.verify import verify, verify_greedy
 from ..model.sampling import (
     NonFiniteLogitsError,
@@ -82,8 +81,9 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     The draft step goes through an engine.graphs.GraphedDrafter: the stages' forward and base logits (and,
     greedy, the Markov argmax and confidences) from static buffers; sampled drafts are drawn on the host
     generators as in the eager drafter, so drafts, q and confidences are the eager ones. Prefill is eager.
-    The auto schedule then verifies every draft (a graphed block costs the same whatever ℓ, so Alg. 1's best
-    length is γ) and keeps its plain steps, each through a one-token GraphedDecoder on the same cache.
+    A graphed block costs the same whatever ℓ, so the auto schedule then verifies every draft, or none when the
+    drafts' calibrated confidences say the block would not beat a plain forward (engine.dspark.schedule.schedule_block:
+    the anchors alone then go through a one-token GraphedDecoder on the same cache, as its plain steps do).
 
     compiled: the same static verify, plain-step and draft bodies through torch.compile (engine.graphs.compiled_body;
     on a CPU, generated C++ instead of thousands of small ops a step; minutes of compiling on first use, cached on
@@ -122,6 +122,7 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
 
 class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
+    FORWARD_WEIGHT = 0.3
 
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
                  verifier, cuda_graphs=False, compiled=False, interventions=None):
@@ -143,6 +144,7 @@ class _Speculation:
         self.cache = model.new_cache(n + 1 if graphed else n, length)
         self.fallback = cfg.fallback()                         # auto: plain steps while drafting does not pay
         self.decoders = {}   # graphed target forwards by block width: γ + 1 (verify), 1 (the fallback's plain steps)
+        self.forward_s: dict[int, float] = {}   # their seconds by width (running means, weight FORWARD_WEIGHT)
         if graphed:
             from ..graphs import GraphedDecoder
             for width in (self.gamma + 1, 1) if self.fallback is not None else (self.gamma + 1,):
@@ -152,7 +154,7 @@ class _Speculation:
         block_rows = None
         if compiled:
             from ..graphs.compiled_body import compiled_ring_rows
-            block_rows = (self.gamma + 1, compiled_ring_rows())
+            block_rows = (self.gamma + 1, compiled_ring_rows(model))
         self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin, block_rows)
         self.drafter = None
         if graphed:
@@ -164,6 +166,7 @@ class _Speculation:
         self.active: list[int] = []
         self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
         self.n_steps = 0
+        self.building = False
 
     def prefill(self) -> None:
         """Prompts of equal length go together (no padding enters any computation); the taps fill the drafter
@@ -208,6 +211,7 @@ class _Speculation:
         anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
         anchors = torch.tensor([self.anchors[r] for r in active])
         gens = [self.gens[r] for r in active]
+        self.building = False   # a graphed body runs a bucket for the first time: this step's time is not a measure
         if self.fallback is not None and not self.fallback.drafts():
             return self._plain_step(rows, anchor_pos, anchors, t0)
         t_catch = time.perf_counter()
@@ -217,6 +221,7 @@ class _Speculation:
             if self.drafter is not None and not self.params.uses_history:  # the graph drafts without the rules
                 d = self.drafter.draft(rows, anchors, self.params, gens, self.trace)
                 self.res.graphed_drafts += 1
+                self.building = self.drafter.built
             else:
                 histories = [self.prompts[r] + self.res.tokens[r] for r in active] if self.params.uses_history \
                     else None
@@ -228,13 +233,13 @@ class _Speculation:
                                                            f"{self.n_steps} (row {active[i]})")
         raw = d.confidence(self.temperature)                                   # [A, γ]
         conf = raw if self.calibration is None else self.calibration(raw)
-        # with plain steps to fall back on, a step that drafted verifies at least its first draft
-        if self.decoders and self.cfg.schedule == "auto":  # a graphed block costs the same whatever ℓ: γ is best
-            lengths = self._capped(schedule_all(conf), anchor_pos)
-        else:
-            lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None)), anchor_pos)
+        # eager, with plain steps to fall back on: a step that drafted verifies at least its first draft; graphed,
+        # the block costs the same whatever ℓ, so the choice is every draft or (with a plain forward) none
+        lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None),
+                                                block_over_plain=self._block_over_plain()), anchor_pos)
         width = max(lengths) + 1
-        logits, taps = self._target_forward(rows, anchors, d.tokens, width)
+        logits, taps = self._target_forward(rows, anchors, d.tokens if width > 1 or 1 not in self.decoders
+                                            else d.tokens[:, :0], width)
         check_finite_logits(logits, lambda i: f"in the verify forward of DSpark step {self.n_steps} (row {active[i]}, "
                                               f"positions {int(anchor_pos[i])}..{int(anchor_pos[i]) + width - 1})")
         self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
@@ -250,7 +255,7 @@ class _Speculation:
         self.res.decode_s += dt
         self.res.step_times.append(dt)
         if self.fallback is not None:  # did drafting pay? (else the next steps are plain)
-            self.fallback.judge(conf, lengths, accepted, dt - owed)
+            self.fallback.judge(conf, lengths, accepted, None if self.building else dt - owed)
         self._commit(d, conf, lengths, verdicts, logits, anchor_pos, keep, dt)
 
     def _plain_step(self, rows, anchor_pos, anchors, t0) -> None:
@@ -258,7 +263,7 @@ class _Speculation:
         their taps deferred to the drafter's next catch-up, the next token the verifier picks with no drafts
         (plain decoding's choice: the argmax, or a draw from the target's distribution). No DSpark step record."""
         model, A = self.model, len(self.active)
-        logits, taps = self._target_forward(rows, anchors, anchors.new_zeros(A, 0), 1)   # [A, 1, V]
+        logits, taps = self._target_forward(rows, anchors, anchors.new_zeros(A, 0), 1, plain=True)   # [A, 1, V]
         check_finite_logits(logits, lambda i: f"in plain step {self.n_steps} of the DSpark run (row "
                                               f"{self.active[i]}, position {int(anchor_pos[i])})")
         self.rings.defer(taps, rows)
@@ -266,7 +271,8 @@ class _Speculation:
                          logits.new_zeros(A, 0, logits.size(-1)), torch.zeros(A, 0))
         verdicts = self._verify(no_draft, [0] * A, logits)
         dt = elapsed(t0, model.device)
-        self.fallback.plain_step(A, dt)
+        if not self.building:
+            self.fallback.plain_step(A, dt)
         self.res.decode_s += dt
         self.res.plain_s += dt
         self.res.plain_steps += 1
@@ -280,20 +286,37 @@ class _Speculation:
                 still.append(r)
         self.active = still
 
-    def _target_forward(self, rows, anchors, drafts, width: int):
+    def _block_over_plain(self) -> float | None:
+        """Graphed: the verify block's seconds over a plain forward's, from this run's own forwards (running means);
+        1 until both widths have run (or without a plain forward), so that the step verifies every draft. (The
+        profiled table times eager forwards, whose widths cost other ratios.) Eager: None."""
+        if not self.decoders:
+            return None
+        block, plain = self.forward_s.get(self.gamma + 1), self.forward_s.get(1)
+        return 1.0 if block is None or plain is None else block / plain
+
+    def _target_forward(self, rows, anchors, drafts, width: int, plain: bool = False):
         """The verify forward of [anchor, drafts…] per row → (logits [A, w, V], taps [A, w, n_taps·dim]).
         Eager: w = width (the batch's longest scheduled block; shorter rows are padded with their next
-        drafts). Graphed: w = γ + 1 for every row, the trace given only the first `width` tokens' records as
-        the eager forward would make them; the caller's rollback discards the extra positions either way."""
-        full = 1 + drafts.size(1)                                              # γ + 1, or 1 for a plain step
+        drafts). Graphed: w = 1 + the drafts given (γ, or none) for every row, the trace given only the first `width`
+        tokens' records as the eager forward would make them; the caller's rollback discards the extra positions
+        either way. `plain`: a plain step's forward (counted as such)."""
+        full = 1 + drafts.size(1)                                              # γ + 1, or 1: no drafts
         decoder = self.decoders.get(full)
         if decoder is not None and bool((self.cache.pos[rows] + full <= self.cache.max_seq_len).all()):
             block = torch.cat([anchors.unsqueeze(1), drafts], 1)               # [A, γ+1] or [A, 1]
-            if full > 1:
-                self.res.graphed_forwards += 1
-            else:
+            t0 = time.perf_counter()
+            out = decoder.step(block, rows, self.trace, trace_tokens=width)
+            if plain:
                 self.res.graphed_plain_steps += 1
-            return decoder.step(block, rows, self.trace, trace_tokens=width)
+            else:
+                self.res.graphed_forwards += 1
+            seconds, old = elapsed(t0, self.model.device), self.forward_s.get(full)
+            if decoder.built:
+                self.building = True
+            else:
+                self.forward_s[full] = seconds if old is None else old + self.FORWARD_WEIGHT * (seconds - old)
+            return out
         block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded
         return self.model(block.to(self.model.device), self.cache, rows=rows, trace=self.trace, logits="all",
                           interventions=self.interventions)

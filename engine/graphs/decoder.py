@@ -6,6 +6,7 @@ import torch
 from ..model import ForwardOutput
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
+from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
 from .compiled_body import compiled_body
 from .decode_body import decode_body
@@ -58,7 +59,9 @@ class GraphedDecoder:
         if compile and capture:
             raise InputError("compile=True and capture=True: a compiled decode body is not also graph-captured")
         self.capture = False if compile else capture_for(model, capture)
-        self.compiled = compiled_body() if compile else None
+        self.compiled = compiled_body(self.model) if compile else None
+        if compile:
+            build_expert_stacks(self.model.layers)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         if tokens_per_row < 1:
             raise InputError(f"tokens_per_row must be at least 1, got {tokens_per_row}")
@@ -68,6 +71,7 @@ class GraphedDecoder:
             raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         self.tokens_per_row, self.logits_mode, self.return_taps = tokens_per_row, logits, return_taps
         self._buckets: dict[tuple[int, tuple[frozenset, frozenset] | None], _Bucket] = {}
+        self.built = False   # the last step ran its bucket for the first time (layout, capture or compile: slower)
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
         self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.kv_source] for r in roles if r.ratio}
@@ -111,6 +115,7 @@ class GraphedDecoder:
             inputs = DecodeInputs(model, key[0], self.scratch_row, S, self.logits_mode, self.return_taps)
             st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(*key[1]))
         st.inputs.fill(tokens, start, rows, engram)
+        self.built = not st.laid_out
         self._run(st)
         cache.advance(rows, S)
         if trace is not None:

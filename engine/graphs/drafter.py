@@ -6,7 +6,7 @@ import torch
 from ..dspark.drafter import Draft, markov_drafts
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
-from ..speedups.fast_moe import FastMoE
+from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
 from .compiled_body import compiled_draft_body
 from .draft_body import DraftInputs, draft_body
@@ -48,13 +48,12 @@ class GraphedDrafter:
         if compile and capture:
             raise InputError("compile=True and capture=True: a compiled draft body is not also graph-captured")
         self.capture = False if compile else capture_for(model, capture)
-        self.compiled = compiled_draft_body() if compile else None
-        if compile:  # the stages' expert stacks exist before tracing (compiled code cannot build them)
-            for module in model.mtp.modules():
-                if isinstance(module, FastMoE):
-                    module.fused()
+        self.compiled = compiled_draft_body(self.model) if compile else None
+        if compile:
+            build_expert_stacks(self.model.mtp)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, bool, bool], _DraftBucket] = {}
+        self.built = False   # the last draft ran its bucket for the first time (layout, capture or compile: slower)
 
     @property
     def captured(self) -> list[int]:
@@ -82,6 +81,7 @@ class GraphedDrafter:
             inputs = DraftInputs(model, key[0], self.scratch_row, rings.window)
             st = self._buckets[key] = _DraftBucket(inputs, TraceBuffers() if trace is not None else None, key[1])
         st.inputs.fill(anchors, start, rows, rings.ring_index(rows))
+        self.built = not st.laid_out
         self._run(st)
         if trace is not None:
             st.sink.emit(trace, rows, start.unsqueeze(1) + torch.arange(G), n)        # positions [n, γ]

@@ -186,3 +186,11 @@ class FastMoE(MoE):
         dense_w = torch.zeros(N, E, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
         h = swiglu(gu[:, :, 0], gu[:, :, 1], self.limit, dense_w.unsqueeze(-1))   # [N, E, inter]
         return upcast(mm(cast(h, w2t.dtype).reshape(N, -1), w2t[:E].view(E * inter, -1)))   # [N, dim]
+
+
+def build_expert_stacks(root: torch.nn.Module) -> None:
+    """Make every FastMoE under `root` build its fused expert stacks now: compiled code cannot build them while
+    tracing (a decode body compiled before any eager forward would otherwise break its graph there)."""
+    for module in root.modules():
+        if isinstance(module, FastMoE):
+            module.fused()
