@@ -122,7 +122,7 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
 
 class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
-    FORWARD_WEIGHT = 0.3
+    FORWARD_WEIGHT = 0.3   # the newest graphed forward's weight in the running mean of its width's seconds
 
     def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
                  verifier, cuda_graphs=False, compiled=False, interventions=None):
@@ -211,7 +211,7 @@ class _Speculation:
         anchor_pos = self.cache.pos[rows].clone()                              # [A] each anchor's position
         anchors = torch.tensor([self.anchors[r] for r in active])
         gens = [self.gens[r] for r in active]
-        self.building = False   # a graphed body runs a bucket for the first time: this step's time is not a measure
+        self.building = False   # set when a graphed body lays out (compiles, captures) a bucket: a step timed apart
         if self.fallback is not None and not self.fallback.drafts():
             return self._plain_step(rows, anchor_pos, anchors, t0)
         t_catch = time.perf_counter()
@@ -238,8 +238,8 @@ class _Speculation:
         lengths = self._capped(self.cfg.lengths(conf, least=int(self.fallback is not None),
                                                 block_over_plain=self._block_over_plain()), anchor_pos)
         width = max(lengths) + 1
-        logits, taps = self._target_forward(rows, anchors, d.tokens if width > 1 or 1 not in self.decoders
-                                            else d.tokens[:, :0], width)
+        none = width == 1 and 1 in self.decoders                              # graphed: the one-token decoder
+        logits, taps = self._target_forward(rows, anchors, d.tokens[:, :0] if none else d.tokens, width)
         check_finite_logits(logits, lambda i: f"in the verify forward of DSpark step {self.n_steps} (row {active[i]}, "
                                               f"positions {int(anchor_pos[i])}..{int(anchor_pos[i]) + width - 1})")
         self.rings.append(model, taps, rows)                                   # [A, w, V], [A, w, n_taps·dim]
