@@ -221,6 +221,29 @@ def test_numpy_token_map_models_prepare_on_the_meta_device():
     assert any(isinstance(mod, FastAttention) for mod in m.modules())
 
 
+def test_compiled_bodies_are_per_model_and_dropped_when_a_class_changes():
+    """engine.graphs.compiled_body keeps one wrapper per model and body, around its own copy of the body's code
+    (made lazily: nothing compiles here); a deep copy of the model gets its own; a transform that changes a module's
+    class drops the model's wrappers (their guards do not check the model's modules), an idempotent one keeps them."""
+    import copy
+
+    from engine.graphs.compiled_body import compiled_body, compiled_draft_body
+    from engine.graphs.decode_body import decode_body
+    from engine.speedups import remove_kernels
+    a = args_of("v4.1")
+    model = Transformer(a, synthetic_token_map(a))
+    first = compiled_body(model)
+    assert compiled_body(model) is first and compiled_draft_body(model) is not first
+    assert first.__wrapped__.__code__ is not decode_body.__code__
+    assert compiled_body(copy.deepcopy(model)) is not first and compiled_body(model) is first
+    apply_speedups(model)                                                   # reference classes → speed paths
+    fast = compiled_body(model)
+    assert fast is not first
+    apply_speedups(model)
+    remove_kernels(model)                                                   # no kernel classes: nothing changes
+    assert compiled_body(model) is fast
+
+
 def test_compiled_decode_equals_eager_decode():
     """GraphedDecoder(compile=True): the static decode body through torch.compile (inductor) gives the eager
     forward's logits up to fp32 rounding (fused kernels sum in other orders; the quant simulation can move a

@@ -7,6 +7,7 @@ import warnings
 import torch
 
 from ..dspark.drafter_cache import tapped_ring_rows
+from ..speedups.apply import COMPILED_BODIES
 from .decode_body import decode_body
 from .draft_body import draft_body
 
@@ -40,12 +41,13 @@ def _compiled_for(model, body):
     Those are dropped (torch.compiler.skip_guard_on_all_nn_modules_unsafe), which is safe here because each model
     gets its own copy of the body's code object, and dynamo keeps its compiled graphs per code object: no other
     model's call can reach these graphs, and this model's modules, their attributes and its parameters' shapes do
-    not change after it is built (weights loaded in place are read afresh on every call). The guards on everything
+    not change after it is built (weights loaded in place are read afresh on every call; the transforms of
+    engine.speedups.apply that change a module's class drop the model's compiled bodies). The guards on everything
     else — caches, static buffers, their shapes — stay."""
-    owner, bodies = model.__dict__.get("_compiled_bodies", (None, None))
+    owner, bodies = model.__dict__.get(COMPILED_BODIES, (None, None))
     if owner != id(model):   # none yet, or a deep copy's (copy.deepcopy shares functions: the original's graphs)
         bodies = {}
-        model.__dict__["_compiled_bodies"] = (id(model), bodies)
+        model.__dict__[COMPILED_BODIES] = (id(model), bodies)
     fn = bodies.get(body)
     if fn is None:
         _prepare_dynamo()

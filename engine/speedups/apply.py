@@ -44,6 +44,16 @@ KERNEL_CLASSES = {Block: KernelBlock, FastBlock: KernelBlock, DraftStage: Kernel
 # (apply_speedups brings the other PyTorch speed paths back)
 UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,
               KernelEngram: Engram, KernelFP8Linear: FP8Linear, KernelFP4Linear: FP4Linear}
+# where engine.graphs.compiled_body keeps a model's compiled bodies: traced with the module classes of then, they are
+# dropped when a transform here changes a class (their guards do not check the model's modules)
+COMPILED_BODIES = "_compiled_bodies"
+
+
+def _recast(model: nn.Module, module: nn.Module, cls: type) -> None:
+    """module becomes a `cls` in place (same parameters); `model`'s compiled bodies, if any, are dropped."""
+    if type(module) is not cls:
+        module.__class__ = cls
+        model.__dict__.pop(COMPILED_BODIES, None)
 
 
 def prepare_for_inference(model: nn.Module) -> nn.Module:
@@ -65,9 +75,10 @@ def apply_speedups(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if type(module) is MoE:
             FastMoE.adopt(module)
+            model.__dict__.pop(COMPILED_BODIES, None)
         fast = FAST_CLASSES.get(type(module))
         if fast is not None:
-            module.__class__ = fast
+            _recast(model, module, fast)
         if isinstance(module, Block):
             module.sinkhorn = fast_sinkhorn
     return model
@@ -91,7 +102,7 @@ def apply_kernels(model: nn.Module, backend: str | None = None) -> nn.Module:
     for module in model.modules():
         kernel_cls = KERNEL_CLASSES.get(type(module))
         if kernel_cls is not None:
-            module.__class__ = kernel_cls
+            _recast(model, module, kernel_cls)
     return model
 
 
@@ -100,7 +111,7 @@ def remove_kernels(model: nn.Module) -> nn.Module:
     for module in model.modules():
         cls = UNKERNELED.get(type(module))
         if cls is not None:
-            module.__class__ = cls
+            _recast(model, module, cls)
     return model
 
 
