@@ -311,10 +311,11 @@ class _Speculation:
                 self.res.graphed_plain_steps += 1
             else:
                 self.res.graphed_forwards += 1
-            seconds, old = elapsed(t0, self.model.device), self.forward_s.get(full)
+            seconds = elapsed(t0, self.model.device)
             if decoder.built:
                 self.building = True
             else:
+                old = self.forward_s.get(full)
                 self.forward_s[full] = seconds if old is None else old + self.FORWARD_WEIGHT * (seconds - old)
             return out
         block = torch.cat([anchors.unsqueeze(1), drafts[:, :width - 1]], 1)    # [A, w]; rows with ℓ < w − 1 padded

@@ -41,7 +41,8 @@ def _compiled_for(model, body):
     Those are dropped (torch.compiler.skip_guard_on_all_nn_modules_unsafe), which is safe here because each model
     gets its own copy of the body's code object, and dynamo keeps its compiled graphs per code object: no other
     model's call can reach these graphs, and this model's modules, their attributes and its parameters' shapes do
-    not change after it is built (weights loaded in place are read afresh on every call; the transforms of
+    not change after it is built (weights loaded in place are read afresh on every call, except the experts' fused
+    copies, which a GraphedDecoder or GraphedDrafter refreshes when it is built; the transforms of
     engine.speedups.apply that change a module's class drop the model's compiled bodies). The guards on everything
     else — caches, static buffers, their shapes — stay. On a CPU the code that calls a graph's kernels is C++ as well
     (inductor's cpp_wrapper) instead of Python: about a millisecond less a call on the shipped model, for a longer

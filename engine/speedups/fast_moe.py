@@ -189,8 +189,9 @@ class FastMoE(MoE):
 
 
 def build_expert_stacks(root: torch.nn.Module) -> None:
-    """Make every FastMoE under `root` build its fused expert stacks now: compiled code cannot build them while
-    tracing (a decode body compiled before any eager forward would otherwise break its graph there)."""
+    """Make every FastMoE under `root` build its fused expert stacks now, or refresh the slices of experts whose
+    weights changed: compiled code neither builds nor checks them (a decode body compiled before any eager forward
+    would otherwise break its graph there, and would keep reading stale copies after an in-place weight update)."""
     for module in root.modules():
         if isinstance(module, FastMoE):
             module.fused()
