@@ -90,6 +90,7 @@ class LiveRun:
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     stopped_by: str = ""               # "you" when the Stop button ended it
     watched_at: float = 0.0            # when a page last showed it running (perf_counter)
+    end_seen: bool = False             # a page was showing it when it ended
     finished_at: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False, compare=False)  # a background run's
 
@@ -108,8 +109,9 @@ class LiveRun:
 
     @property
     def finished_unwatched(self) -> bool:
-        """It ended while no page was showing it (the user was on another page)."""
-        return self.finished_at > 0 and self.watched_at > 0 and self.finished_at - self.watched_at > 1.0
+        """It ended while no page was showing it (the user was on another page): a page showed it running, and the
+        page's watching was cut short (by leaving) before it saw the end."""
+        return self.finished_at > 0 and self.watched_at > 0 and not self.end_seen
 
 
 def new_trace(settings: GenSettings, model: str, weights: str, args=None) -> Trace:

@@ -60,7 +60,7 @@ def watch(model: str) -> None:
             shown_tokens = run.n_tokens
             text.html(literal_text_html(run.prompt, run.text))
         time.sleep(POLL_S)
-    run.watched_at = time.perf_counter()
+    run.end_seen = True
     st.rerun()
 
 
