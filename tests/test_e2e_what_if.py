@@ -113,6 +113,9 @@ def test_ban_the_chosen_expert_from_the_selected_token_on(server, browser, scree
     page.get_by_role("button", name="Open the rerun as the main run").click()
     expect(page).to_have_url(re.compile(r"[?&]intervene="), timeout=30_000)
     settled(page)
+    status = page.locator(".st-key-inspect_status")            # the rerun was watched to its end on this page
+    expect(status).to_contain_text(FINISHED)
+    assert "in the background" not in status.inner_text(), status.inner_text()
     shared_link = page.url
     assert parse_qs(urlsplit(shared_link).query)["intervene"] == [change.text], shared_link
     page.close()

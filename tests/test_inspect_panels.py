@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -249,6 +250,36 @@ def test_stop_keeps_what_was_generated(slot):
         generate_into(engine, settings, run, stop_after_three)
     assert run.n_tokens == 3 and sum(t.generated for t in run.trace.tokens(0)) == 3
     assert not slot.busy                                  # the lock was released
+
+
+def test_finished_in_the_background_only_when_the_watching_was_cut_short():
+    """A run that a page streamed to its end (Inspect's or What if's loop) is not told as finished while the user was
+    away; one whose page stopped watching mid-run (the user left) is, however soon after leaving it ended."""
+    def background_run():
+        release = threading.Event()
+        run = LiveRun(new_trace(GenSettings(PROMPT), "tiny-v4.1", ""), "tiny-v4.1")
+
+        def body():
+            release.wait(10)
+            run.finished_at = time.perf_counter()
+        run.thread = threading.Thread(target=body)
+        run.thread.start()
+        return run, release
+
+    seen, release = background_run()
+    assert seen.still_watched()                                   # a page streams it
+    release.set()
+    seen.thread.join()
+    assert not seen.still_watched() and not seen.finished_unwatched   # the loop saw the end
+    left, release = background_run()
+    assert left.still_watched()
+    release.set()                                                 # the user left: no further turn of the loop
+    left.thread.join()
+    assert left.finished_unwatched
+    never, release = background_run()
+    release.set()
+    never.thread.join()
+    assert not never.finished_unwatched                           # no page ever showed it running
 
 
 def test_sessions_take_turns_and_get_their_own_output(slot, plain):

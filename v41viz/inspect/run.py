@@ -89,8 +89,8 @@ class LiveRun:
     profile_s: float = 0.0
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     stopped_by: str = ""               # "you" when the Stop button ended it
-    watched_at: float = 0.0            # when a page last showed it running (perf_counter)
-    end_seen: bool = False             # a page was showing it when it ended
+    shown_running: bool = False        # a page has shown it while it ran (still_watched)
+    end_seen: bool = False             # a page was showing it when it ended (still_watched)
     finished_at: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False, compare=False)  # a background run's
 
@@ -107,11 +107,20 @@ class LiveRun:
         """A background generation is still going (or about to end: its thread has not finished)."""
         return self.thread is not None and self.thread.is_alive()
 
+    def still_watched(self) -> bool:
+        """The loop condition of a page that streams this run: whether it is still going. Notes that a page showed
+        it running and, once it has ended, that a page saw the end (finished_unwatched tells the two apart)."""
+        if self.active:
+            self.shown_running = True
+            return True
+        self.end_seen = True
+        return False
+
     @property
     def finished_unwatched(self) -> bool:
         """It ended while no page was showing it (the user was on another page): a page showed it running, and the
         page's watching was cut short (by leaving) before it saw the end."""
-        return self.finished_at > 0 and self.watched_at > 0 and not self.end_seen
+        return self.finished_at > 0 and self.shown_running and not self.end_seen
 
 
 def new_trace(settings: GenSettings, model: str, weights: str, args=None) -> Trace:

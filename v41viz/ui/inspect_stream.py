@@ -50,8 +50,7 @@ def watch(model: str) -> None:
     status, progress = st.empty(), st.empty()
     text = st.container(key="inspect_stream", border=True).empty()
     shown_tokens = -1
-    while run.active:
-        run.watched_at = time.perf_counter()
+    while run.still_watched():
         waited = time.perf_counter() - run.started
         sentence = status_sentence(run)
         status.caption(f":material/sensors: {sentence[:1].upper()}{sentence[1:]} · {waited:.1f} s since Generate")
@@ -60,7 +59,6 @@ def watch(model: str) -> None:
             shown_tokens = run.n_tokens
             text.html(literal_text_html(run.prompt, run.text))
         time.sleep(POLL_S)
-    run.end_seen = True
     st.rerun()
 
 

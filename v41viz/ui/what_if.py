@@ -167,8 +167,7 @@ def watch(held: WhatIf) -> None:
     status = st.empty()
     text = st.container(key="what_if_stream", border=True).empty()
     shown = -1
-    while r.active:
-        r.watched_at = time.perf_counter()
+    while r.still_watched():
         sentence = status_sentence(r)
         status.caption(f":material/replay: Rerun with the change: {sentence} · {time.perf_counter() - r.started:.1f} s")
         if r.n_tokens != shown:
