@@ -1,5 +1,8 @@
-"""Sequence-level distillation data: the target's greedy continuations, their file, and drafter training on them."""
+"""Sequence-level distillation data: the target's greedy or sampled continuations, their file, and drafter training on
+them."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from engine.training.continuations import (
     continuation_windows,
     load_continuations,
     make_continuations,
+    pool_continuations,
     save_continuations,
 )
 from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, drafter_loss
@@ -51,6 +55,35 @@ def test_rows_are_training_prompts_followed_by_the_models_greedy_continuation(ro
     other = make_continuations(Engine(backbone()), CORPUS,
                                ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, seed=1))
     assert not np.array_equal(rows[:, :5], other[:, :5])
+
+
+def test_sampled_rows_are_the_models_draws_seeded_per_row_whatever_the_batch(rows):
+    spec = ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4, temperature=1.0)
+    sampled = make_continuations(Engine(backbone()), CORPUS, spec)
+    assert np.array_equal(sampled[:, :5], rows[:, :5])                      # the same prompts as the greedy rows
+    assert not np.array_equal(sampled[:, 5:], rows[:, 5:])                  # but drawn, not the argmax
+    regrouped = make_continuations(Engine(backbone()), CORPUS,
+                                   ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=2, temperature=1.0))
+    assert np.array_equal(sampled, regrouped)
+    model = backbone()
+    seeds = np.random.default_rng([0, 1]).integers(0, 2**63 - 1, 6)      # the documented rule: per row, from seed
+    for row, seed in zip(sampled, seeds.tolist()):
+        alone = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=(), temperature=1.0, seed=seed)
+        assert row[5:].tolist() == alone.tokens[0]
+    other = make_continuations(Engine(backbone()), CORPUS, dataclasses.replace(spec, temperature=0.5))
+    assert not np.array_equal(sampled[:, 5:], other[:, 5:])
+    for bad in (-1.0, 1e-6, float("nan")):
+        with pytest.raises(ValueError, match="continuations: temperature"):
+            ContinuationSpec(temperature=bad)
+
+
+def test_files_pool_into_one_table_cut_to_the_shortest_rows(rows, tmp_path):
+    short = save_continuations(tmp_path / "s.safetensors", rows[:2, :15], ContinuationSpec(), "ckpt")
+    full = save_continuations(tmp_path / "f.safetensors", rows, ContinuationSpec(), "ckpt")
+    pooled = pool_continuations([full, short], V, 13)
+    assert np.array_equal(pooled, np.concatenate([rows[:, :15], rows[:2, :15]]))
+    with pytest.raises(ValueError, match="training windows need 16"):
+        pool_continuations([full, short], V, 16)                          # the short file names itself
 
 
 def test_file_round_trip_and_bad_files_are_named(rows, tmp_path):
@@ -140,10 +173,17 @@ def test_cli_writes_a_file_train_drafter_reads(card_inputs, tmp_path, capsys):
     want = make_continuations(engine, load_tokens(data)["train"],
                               ContinuationSpec(sequences=3, prompt_len=4, new_tokens=8, batch=2, seed=5))
     assert np.array_equal(rows, want)
+    sampled = tmp_path / "s.safetensors"
+    assert main(["continuations", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(sampled),
+                 "--sequences", "2", "--prompt-len", "4", "--new-tokens", "8", "--temperature", "0.8"]) == 0
+    assert "2 rows of 12 tokens (4 prompt + 8 sampled at T = 0.8)" in capsys.readouterr().out
+    want = make_continuations(engine, load_tokens(data)["train"],
+                              ContinuationSpec(sequences=2, prompt_len=4, new_tokens=8, temperature=0.8))
+    assert np.array_equal(load_continuations(sampled, engine.args.vocab_size, 12), want)
     run = tmp_path / "run"
     assert main(["train_drafter", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(run),
-                 "--continuations", str(out), "--continuation-share", "0.5", "--steps", "2", "--batch", "2",
-                 "--seq", "8", "--no-progress"]) == 0
+                 "--continuations", str(out), str(sampled), "--continuation-share", "0.5", "--steps", "2",
+                 "--batch", "2", "--seq", "8", "--no-progress"]) == 0
     assert [int(r["step"]) for r in read_log(run / "drafter_log.csv")] == [1, 2]
     assert main(["train_drafter", "--checkpoint", str(ckpt), "--data", str(data), "--out", str(tmp_path / "x"),
                  "--continuations", str(out), "--seq", "12"]) == 2           # rows too short for the windows

@@ -1,4 +1,4 @@
-"""`python -m engine continuations`: the target's greedy continuations of training-text prompts (drafter data)."""
+"""`python -m engine continuations`: the target's continuations of training-text prompts (drafter data)."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +8,8 @@ from pathlib import Path
 from .arg_checks import check_output_file, check_seed
 from .run_args import apply_threads
 
-HELP = ("write a checkpoint's own greedy continuations of random training-text prompts: sequence-level "
-        "distillation data for `train_drafter --continuations`")
+HELP = ("write a checkpoint's own continuations (greedy, or sampled with --temperature) of random training-text "
+        "prompts: sequence-level distillation data for `train_drafter --continuations`")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=d.prompt_len,
                         help=f"training-text tokens before each (default {d.prompt_len})")
     parser.add_argument("--new-tokens", type=int, default=d.new_tokens,
-                        help=f"greedy tokens after each prompt (default {d.new_tokens})")
+                        help=f"tokens generated after each prompt (default {d.new_tokens})")
     parser.add_argument("--batch", type=int, default=d.batch, help=f"prompts decoded together (default {d.batch})")
-    parser.add_argument("--seed", type=int, default=d.seed, help="picks the prompts")
+    parser.add_argument("--seed", type=int, default=d.seed, help="picks the prompts (and seeds sampled draws)")
+    parser.add_argument("--temperature", type=float, default=d.temperature,
+                        help="0 = greedy continuations (default); above 0, sampled at this temperature")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     check_seed(args.seed)
     check_output_file(args.out, "--out")  # written after every continuation is made
-    spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed)
+    spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed, args.temperature)
     train = load_tokens(args.data)["train"]
     engine = Engine.load(checkpoint=args.checkpoint)
     check_same_vocabulary(engine, Path(args.data))
@@ -50,5 +52,5 @@ def run(args: argparse.Namespace) -> int:
     print(file=sys.stderr)
     path = save_continuations(args.out, rows, spec, args.checkpoint)
     print(f"wrote {path}: {rows.shape[0]} rows of {rows.shape[1]} tokens ({spec.prompt_len} prompt + "
-          f"{spec.new_tokens} greedy)")
+          f"{spec.new_tokens} {'greedy' if spec.temperature == 0 else f'sampled at T = {spec.temperature:g}'})")
     return 0

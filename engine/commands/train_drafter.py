@@ -18,9 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     parser.add_argument("--out", required=True, help="the drafter run's directory (not the backbone's)")
     add_config_options(parser, DrafterTrainConfig)
-    parser.add_argument("--continuations", metavar="FILE",
-                        help="greedy continuations of the target (`python -m engine continuations`) to train on "
-                             "next to the corpus: at T=0 verification follows exactly such trajectories")
+    parser.add_argument("--continuations", metavar="FILE", nargs="+",
+                        help="continuations of the target (`python -m engine continuations`; several files are "
+                             "pooled, cut to the shortest rows) to train on next to the corpus: at T=0 verification "
+                             "follows exactly the greedy ones")
     parser.add_argument("--init-drafter", metavar="CKPT",
                         help="start from the drafter (mtp.* tensors) of another checkpoint of the same config, e.g. "
                              "one trained on an earlier snapshot of the backbone (default: the checkpoint's own)")
@@ -46,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
     continuations = None
     if args.continuations:
-        from ..training.continuations import load_continuations
-        continuations = load_continuations(args.continuations, engine.args.vocab_size, cfg.seq + 1)
+        from ..training.continuations import pool_continuations
+        continuations = pool_continuations(args.continuations, engine.args.vocab_size, cfg.seq + 1)
     ckpt = Path(args.checkpoint)
     ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent
     trainer = DrafterTrainer(engine.model, cfg, load_tokens(args.data), args.out,

@@ -51,7 +51,7 @@ def expand(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: to
 
 
 def stochastic_error(comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Max |row sum − 1| and max |column sum − 1| per token: [B,S,hc,hc] → ([B,S], [B,S])."""
+    """Max |row sum − 1| and max |column sum − 1| per matrix: [..., hc, hc] → ([...], [...])."""
     return (comb.sum(-1) - 1).abs().amax(-1), (comb.sum(-2) - 1).abs().amax(-1)
 
 

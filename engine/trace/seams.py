@@ -17,11 +17,14 @@ def derives_later(t) -> bool:
 
 def stochastic_errors(comb):
     """comb [..., hc, hc] (a tensor, or an array) → (max |row sum − 1|, max |column sum − 1|) per matrix, each
-    [...], in comb's dtype and on its device: engine.model.mhc.stochastic_error's expression."""
+    [...], in comb's dtype and on its device: engine.model.mhc.stochastic_error (imported here: torch loads only
+    when a trace is read or recorded, not with this module)."""
+    import torch
+
+    from ..model.mhc import stochastic_error
     if isinstance(comb, np.ndarray):
-        import torch
-        return tuple(e.numpy() for e in stochastic_errors(torch.from_numpy(comb)))
-    return (comb.sum(-1) - 1).abs().amax(-1), (comb.sum(-2) - 1).abs().amax(-1)
+        return tuple(e.numpy() for e in stochastic_error(torch.from_numpy(comb)))
+    return stochastic_error(comb)
 
 
 def post_comb(mix):

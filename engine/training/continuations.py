@@ -1,6 +1,7 @@
-"""Sequence-level distillation data for the drafter: the frozen target's own greedy continuations of prompts
-cut from the training text. At T=0 verification accepts a draft exactly when it equals the target's argmax,
-so the trajectories the target itself produces are what the drafter must learn to predict."""
+"""Sequence-level distillation data for the drafter: the frozen target's own continuations of prompts cut from the
+training text, greedy or sampled. At T=0 verification accepts a draft exactly when it equals the target's argmax,
+so the trajectories the target itself produces are what the drafter must learn to predict; at T > 0 the drafts are
+judged along the target's sampled trajectories, which wander into text its greedy ones never reach."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..model.sampling import MAX_SEED, check_sampling
 from ..spec.errors import InputError, MissingFileError
 
 FILE_FORMAT = "v41viz-continuations/1"
@@ -20,14 +22,16 @@ FILE_FORMAT = "v41viz-continuations/1"
 class ContinuationSpec:
     sequences: int = 2048       # how many continuations
     prompt_len: int = 16        # tokens of training text before each
-    new_tokens: int = 128       # greedy tokens generated after each prompt
+    new_tokens: int = 128       # tokens generated after each prompt
     batch: int = 64             # prompts decoded together
-    seed: int = 0               # picks the prompt offsets
+    seed: int = 0               # picks the prompt offsets (and, sampled, seeds the draws)
+    temperature: float = 0.0    # 0 = greedy; else sampled at this temperature (no top-k / top-p)
 
     def __post_init__(self) -> None:
         for key in ("sequences", "prompt_len", "new_tokens", "batch"):
             if getattr(self, key) < 1:
                 raise InputError(f"continuations: {key} must be at least 1, got {getattr(self, key)}")
+        check_sampling(self.temperature, 0, 1.0, ("continuations: temperature", "top_k", "top_p"))
 
     @property
     def length(self) -> int:
@@ -37,8 +41,9 @@ class ContinuationSpec:
 def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the engine's
-    (an engine.generation.Engine) greedy continuation (no stop token, so every row has the full length).
-    Deterministic for a fixed spec."""
+    (an engine.generation.Engine) continuation, greedy or sampled at spec.temperature (no stop token, so every row
+    has the full length). Deterministic for a fixed spec: each row samples with its own seed, drawn from spec.seed,
+    whatever the batch."""
     if train.size < spec.prompt_len + 1:
         raise InputError(f"continuations: the training stream has {train.size} tokens, fewer than a "
                          f"{spec.prompt_len}-token prompt")
@@ -46,11 +51,13 @@ def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
         raise InputError(f"continuations: prompt_len + new_tokens = {spec.length} exceeds the model's max_seq_len "
                          f"{engine.args.max_seq_len}")
     starts = np.random.default_rng(spec.seed).integers(0, train.size - spec.prompt_len, spec.sequences)
+    draw_seeds = np.random.default_rng([spec.seed, 1]).integers(0, MAX_SEED, spec.sequences)   # one per row
     rows = np.empty((spec.sequences, spec.length), dtype=np.int32)
     for first in range(0, spec.sequences, spec.batch):
         chunk = starts[first:first + spec.batch]
         prompts = [train[s:s + spec.prompt_len].tolist() for s in chunk]
-        result = engine.generate(prompts, max_new_tokens=spec.new_tokens, stop_tokens=())
+        result = engine.generate(prompts, max_new_tokens=spec.new_tokens, stop_tokens=(),
+                                 temperature=spec.temperature, seed=draw_seeds[first:first + spec.batch].tolist())
         for i, (prompt, new) in enumerate(zip(prompts, result.tokens)):
             rows[first + i] = prompt + new
         if progress is not None:
@@ -92,6 +99,14 @@ def load_continuations(path: str | Path, vocab_size: int, min_length: int) -> np
         raise InputError(f"{path}: token ids reach {int(rows.max())}, outside the model's vocab_size {vocab_size}: "
                          "the file was made with another id map")
     return rows
+
+
+def pool_continuations(paths, vocab_size: int, min_length: int) -> np.ndarray:
+    """The rows of several continuations files (load_continuations checks each) as one [n, L] table, every row cut
+    to the shortest file's length (a training window is cut from anywhere in a row)."""
+    tables = [load_continuations(p, vocab_size, min_length) for p in paths]
+    width = min(t.shape[1] for t in tables)
+    return np.concatenate([t[:, :width] for t in tables])
 
 
 def continuation_windows(rows: np.ndarray, count: int, seq: int, seed: int, step: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ class DrafterTrainConfig:
     distill_weight: float = option(1.0, "weight of the cross-entropy against the frozen target's next-token "
                                         "distribution, 0 = real tokens only")
     # with a continuations file (engine.training.continuations): the share of each batch cut from the target's
-    # greedy continuations instead of the corpus
+    # continuations instead of the corpus
     continuation_share: float = option(0.75, "with --continuations: the share of each batch taken from them")
     save_every: int = option(100, "checkpoint period")
     seed: int = option(0, "seed of the training windows")
@@ -128,7 +128,7 @@ class DrafterTrainer(TrainingLoop):
         check_token_ids({"train": data["train"]}, model.args.vocab_size,
                         "prepare the data with the id map of this checkpoint")
         self.train_tokens = data["train"]
-        self.continuations = continuations                # [n, L] greedy continuations of the target, or None
+        self.continuations = continuations                # [n, L] continuations of the target, or None
         self.backbone_log = backbone_log
         model.eval()                                      # the drafter has no dropout; eval freezes nothing else
         super().__init__(model, cfg, out, id_map_file=id_map_file, resume=resume, log=log)
