@@ -40,6 +40,7 @@ class DrafterCache:
         self.block_rows = block_rows
         self.deferred: dict[int, list[torch.Tensor]] = {}   # row → taps [1, s, n_taps·dim] not yet in its rings
         self.skipped: dict[int, int] = {}                    # row → deferred positions dropped (never read)
+        self.held_positions: dict[int, int] = {}             # row → positions in its deferred taps
 
     def _rows(self, rows) -> torch.Tensor:
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().cpu()
@@ -84,14 +85,19 @@ class DrafterCache:
         for i, r in enumerate(rows.tolist()):
             held = self.deferred.setdefault(r, [])
             held.append(taps[i:i + 1])
-            while sum(t.size(1) for t in held) - held[0].size(1) >= self.slots:
-                self.skipped[r] = self.skipped.get(r, 0) + held.pop(0).size(1)
+            count = self.held_positions.get(r, 0) + taps.size(1)
+            while count - held[0].size(1) >= self.slots:
+                dropped = held.pop(0).size(1)
+                self.skipped[r] = self.skipped.get(r, 0) + dropped
+                count -= dropped
+            self.held_positions[r] = count
 
     def catch_up(self, model, rows) -> None:
         """Append the deferred taps of these rows (a no-op for rows without any); read() and rollback() need it."""
         for r in self._rows(rows).tolist():
             held = self.deferred.pop(r, None)
             if held is not None:
+                del self.held_positions[r]
                 self.pos[r] += self.skipped.pop(r, 0)
                 self.append(model, torch.cat(held, 1), [r])
 

@@ -12,7 +12,7 @@ from ..dspark.config import DSparkConfig
 from ..dspark.drafter import Draft, draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
-from ..dspark.verify import verify, verify_greedy
+from ..dspark.verify import Verdict, verify, verify_greedy
 from ..model.sampling import (
     NonFiniteLogitsError,
     SamplingParams,
@@ -267,9 +267,12 @@ class _Speculation:
         check_finite_logits(logits, lambda i: f"in plain step {self.n_steps} of the DSpark run (row "
                                               f"{self.active[i]}, position {int(anchor_pos[i])})")
         self.rings.defer(taps, rows)
-        no_draft = Draft(torch.zeros(A, 0, dtype=torch.long), None if self.params.greedy else
-                         logits.new_zeros(A, 0, logits.size(-1)), torch.zeros(A, 0))
-        verdicts = self._verify(no_draft, [0] * A, logits)
+        if self.params.greedy and not self.params.uses_history:  # the argmax, as _verify finds it with no drafts
+            verdicts = [(None, Verdict(accepted=0, token=t, bonus=True)) for t in logits[:, 0].argmax(-1).tolist()]
+        else:
+            no_draft = Draft(torch.zeros(A, 0, dtype=torch.long), None if self.params.greedy else
+                             logits.new_zeros(A, 0, logits.size(-1)), torch.zeros(A, 0))
+            verdicts = self._verify(no_draft, [0] * A, logits)
         dt = elapsed(t0, model.device)
         if not self.building:
             self.fallback.plain_step(A, dt)
