@@ -20,10 +20,10 @@ class FastAttention(Attention):
     """For a call of a few tokens per row (decode, a DSpark verify block): RoPE as one matmul per tensor
     (engine.speedups.fast_rope), FP8 KV rounding in half the ops, the new KV written into the window ring first
     and attention read from the ring in place (masked, no gather; engine.speedups.window_attention), the
-    grouped output projection as one matmul; the compressed path with the fast rounding and rotations
-    (_fast_compressed) and the fast compressor and indexer. A trace that asks for this layer's attention facts
-    gets them from the same computation (so a trace never changes the logits). Static shapes (CUDA graphs,
-    torch.compile) take the same path: it reads no value back and sizes nothing by one. Autograd, long
+    grouped output projection as one batched matmul over the groups; the compressed path with the fast rounding
+    and rotations (_fast_compressed) and the fast compressor and indexer. A trace that asks for this layer's
+    attention facts gets them from the same computation (so a trace never changes the logits). Static shapes
+    (CUDA graphs, torch.compile) take the same path: it reads no value back and sizes nothing by one. Autograd, long
     prefills and the indexer loss run the reference code."""
 
     def fast_path_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
@@ -68,11 +68,18 @@ class FastAttention(Attention):
         else:
             o = window_attention(q, call_rows(ctx, ring), hidden, self.attn_sink, compressed, topk)
         o = rotate(o, inverse_rotation(ctx, self.rotary, self.head_dim))     # strip the query rotation V carries
+        return self.grouped_output(o)
+
+    def grouped_output(self, o: torch.Tensor) -> torch.Tensor:
+        """The grouped output projection wo_b(wo_a per head group) of o [B, S, H, D] → [B, S, dim], as one batched
+        matmul with the groups as its batch: the weight is read in place (a matmul broadcasting it over B·S would
+        first copy it once per token)."""
+        B, S = o.shape[:2]
         G, w = self.groups, self.wo_a.weight
         wo_a = derived(self).get("wo_a", (w,), lambda: w.view(G, self.o_rank, -1).transpose(1, 2))  # [G, H·D/G, r]
-        o = o.reshape(B, S, G, 1, -1)                                        # [B, S, G, 1, H·D/G]
-        z = torch.matmul(cast(o, wo_a.dtype), wo_a)                          # [B, S, G, 1, o_rank]
-        return self.wo_b(z.view(B, S, G * self.o_rank))
+        by_group = cast(o.reshape(B * S, G, -1).transpose(0, 1), wo_a.dtype)  # [G, B·S, H·D/G]
+        z = torch.bmm(by_group, wo_a)                                        # [G, B·S, r]
+        return self.wo_b(z.transpose(0, 1).reshape(B, S, G * self.o_rank))
 
     def _input_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """wq_a(x) and wkv(x); when both FP8-round their input (act_quant), x is rounded once for the two."""

@@ -33,9 +33,10 @@ class FastDraftAttention(DraftAttention, FastAttention):
     """DraftAttention.forward with FastAttention's ops: RoPE (and the softmax scale) as one matmul per tensor, the
     FP8 KV rounding of engine.speedups.fast_quant, attention as one masked matmul over [ring ; block] (keys the
     query may not read hidden; engine.speedups.window_attention) instead of gathering each query's rows, the
-    grouped output projection as one matmul; a step's taps enter the rings with the same RoPE and rounding
-    (ring_kv). Keys are summed in ring order, so only rounding differs; static shapes (a graphed draft) take the
-    same path, which reads no value back. With autograd on (training the drafter), the reference code runs."""
+    grouped output projection as one batched matmul over the groups; a step's taps enter the rings with the same
+    RoPE and rounding (ring_kv). Keys are summed in ring order, so only rounding differs; static shapes (a graphed
+    draft) take the same path, which reads no value back. With autograd on (training the drafter), the reference
+    code runs."""
 
     def ring_kv(self, main_x: torch.Tensor, positions: torch.Tensor, quant: bool) -> torch.Tensor:
         """DraftAttention.ring_kv (a step's taps into the rings) with the one-matmul RoPE and the fast FP8 rounding,
@@ -50,7 +51,7 @@ class FastDraftAttention(DraftAttention, FastAttention):
     def forward(self, x: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.wkv.weight.requires_grad):
             return DraftAttention.forward(self, x, ctx)
-        B, S, _ = x.shape
+        S = x.size(1)
         q_low, kv = self._input_projections(x)                                # [B, γ, q_rank], [B, γ, D]
         q = self.wq_b(self.q_norm(q_low)).unflatten(-1, (self.n_heads, self.head_dim))   # [B, γ, H, D]
         if self.q_head_norm:
@@ -64,10 +65,7 @@ class FastDraftAttention(DraftAttention, FastAttention):
         keys = torch.cat([ring, cast(kv, ring.dtype)], 1)                    # [B, slots + γ, D]
         o = window_attention(q, keys, draft_hidden_keys(ctx, ring.size(1), S), self.attn_sink)   # [B, γ, H, D]
         o = rotate(o, inverse_rotation(ctx, self.rotary, self.head_dim))     # strip the query rotation V carries
-        G, w = self.groups, self.wo_a.weight
-        wo_a = derived(self).get("wo_a", (w,), lambda: w.view(G, self.o_rank, -1).transpose(1, 2))  # [G, H·D/G, r]
-        z = torch.matmul(cast(o.reshape(B, S, G, 1, -1), wo_a.dtype), wo_a)   # [B, γ, G, 1, o_rank]
-        return self.wo_b(z.view(B, S, G * self.o_rank))
+        return self.grouped_output(o)
 
 
 class FastMarkovHead(MarkovHead):
