@@ -1,11 +1,18 @@
-"""engine.speedups.cpu_bf16: bf16 products of several rows widened to fp32 on a CPU without bf16 matrix instructions,
-equal to torch's bf16 kernels up to summation order; one-row products, fp32 and CPUs with the instructions untouched."""
+"""engine.speedups.cpu_bf16: small bf16 weights on the CPU multiplied through a resident fp32 copy (made once, rebuilt
+when the weight changes); larger ones widened to fp32 for products of several rows on a CPU without bf16 matrix
+instructions; both equal to torch's bf16 kernels up to summation order, in the modules that use them too (Linear,
+the MoE's expert stacks, the attention's grouped output projection)."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.model.moe import MoE
 from engine.speedups import cpu_bf16
+from engine.speedups.fast_linear import FastLinear
+from engine.speedups.fast_moe import FastMoE
+from tests.test_speedups_fast import args_of, pair
 
 
 def operands(rows: int, seed: int = 0):
@@ -39,3 +46,99 @@ def test_widened_products_equal_the_bf16_kernels_up_to_summation_order(monkeypat
             assert bool(((got.double() - kernel.double()).abs() <= step).all())
             assert (got.double() - exact).abs().max() <= (kernel.double() - exact).abs().max() * 1.01 + 1e-6
 
+
+
+def assert_one_rounding_apart(got: torch.Tensor, kernel: torch.Tensor, exact: torch.Tensor) -> None:
+    """got and the bf16 kernel both round an fp32 sum of exact products once: at most one bf16 step apart, and got
+    as close to exact as the kernel."""
+    assert got.dtype == kernel.dtype == torch.bfloat16 and got.shape == kernel.shape
+    step = exact.abs().clamp_min(1e-3) * 2 ** -7
+    assert bool(((got.double() - kernel.double()).abs() <= step).all())
+    assert (got.double() - exact).abs().max() <= (kernel.double() - exact).abs().max() * 1.01 + 1e-6
+
+
+def test_which_weights_are_kept_in_fp32():
+    w = torch.zeros(768, 192, dtype=torch.bfloat16)
+    assert cpu_bf16.resident(w)
+    assert not cpu_bf16.resident(w.float()) and not cpu_bf16.resident(w.half())
+    assert not cpu_bf16.resident(torch.zeros(cpu_bf16.RESIDENT_MAX_ELEMENTS + 1, dtype=torch.bfloat16))
+
+
+def test_a_small_bf16_linear_reads_one_fp32_copy_that_follows_the_weight():
+    g = torch.Generator().manual_seed(1)
+    layer = FastLinear(192, 768, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(768, 192, generator=g))
+    for rows in (1, 2, 9):
+        x = torch.randn(rows, 192, generator=g).bfloat16()
+        with torch.inference_mode():
+            got = layer(x)
+        assert_one_rounding_apart(got, F.linear(x, layer.weight), F.linear(x.double(), layer.weight.double()))
+    copy = layer.__dict__["_derived"]._entries["weight:fp32"][2]
+    assert copy.dtype == torch.float32 and torch.equal(copy, layer.weight.float())
+    with torch.inference_mode():
+        layer(x)
+    assert layer.__dict__["_derived"]._entries["weight:fp32"][2] is copy          # no conversion per call
+    with torch.no_grad():
+        layer.weight.mul_(2)                                                        # an in-place update reaches it
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x.float(), layer.weight.float()).bfloat16())
+    with torch.inference_mode():                                                    # an fp32 input is cast first,
+        assert torch.equal(layer(x.float() / 3), F.linear((x.float() / 3).bfloat16().float(),  # as Linear casts it
+                                                           layer.weight.float()).bfloat16())
+
+
+def test_a_large_bf16_weight_keeps_the_bf16_kernel_for_one_row(monkeypatch):
+    monkeypatch.setattr(cpu_bf16, "RESIDENT_MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: False)
+    layer, x = FastLinear(192, 768, dtype=torch.bfloat16), torch.randn(1, 192).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert "_derived" not in layer.__dict__
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 12], ids=lambda n: f"{n}-tokens")
+def test_bf16_expert_stacks_in_fp32_round_each_product_as_the_bf16_experts(tokens):
+    """The MoE's few-token paths (by expert, gathered, dense) read fp32 copies of small bf16 experts and round
+    each product to bf16 as the experts' own kernels do: the reference MoE's output up to the summation order of
+    the products, and as close to the float64 MoE."""
+    args = args_of("v4.1")
+    E, k = args.n_routed_experts, args.n_activated_experts
+    torch.manual_seed(0)
+    ref = MoE(args, E, k, dtype=torch.bfloat16)
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    exact = MoE(args, E, k, dtype=torch.float64)
+    exact.load_state_dict(ref.state_dict())
+    fast = FastMoE.adopt(MoE(args, E, k, dtype=torch.bfloat16))
+    fast.load_state_dict(ref.state_dict())
+    x = torch.randn(tokens, args.dim).bfloat16()
+    with torch.inference_mode():
+        weights, ids, _ = ref.gate(x)
+        want = ref.routed_experts(x, weights, ids) + ref.shared_experts(x).float()        # [N, dim] fp32
+        truth = exact.routed_experts(x.double(), weights.double(), ids) + exact.shared_experts(x.double())
+        pick = torch.cat([ids, torch.full((tokens, 1), E)], 1).view(-1)                   # the shared expert last
+        pair_weights = torch.cat([weights, torch.ones(tokens, 1)], 1).view(-1, 1)
+        paths = {"by expert": fast.sorted_pairs(x, pair_weights, pick, tokens),
+                 "gathered": fast.gathered_pairs(x, pair_weights, pick, tokens),
+                 "dense": fast.dense_experts(x, weights, ids) + fast.shared_experts(x).float()}
+        w13, w2t = fast.fused()
+    assert w13.dtype == w2t.dtype == torch.float32 and fast.fused_experts.param_dtype == torch.bfloat16
+    err_ref = (want.double() - truth).abs().mean()
+    for name, got in paths.items():
+        assert got.dtype == torch.float32, name
+        torch.testing.assert_close(got, want, rtol=2 ** -6, atol=2 ** -6 * want.abs().mean().item(), msg=name)
+        assert (got.double() - truth).abs().mean() <= 1.25 * err_ref, name
+
+
+def test_the_grouped_output_projection_reads_an_fp32_copy_in_bf16():
+    ref, fast = pair("v4.1", torch.bfloat16)
+    attn_ref, attn_fast = ref.layers[0].attn, fast.layers[0].attn
+    o = torch.randn(1, 3, ref.args.n_heads, ref.args.head_dim).bfloat16()
+    with torch.inference_mode():
+        got = attn_fast.grouped_output(o)
+        wo_a = attn_ref.wo_a.weight.view(attn_ref.groups, attn_ref.o_rank, -1)
+        z = torch.einsum("bsgd,grd->bsgr", o.reshape(1, 3, attn_ref.groups, -1), wo_a)   # the reference's kernel
+        want = attn_ref.wo_b(z.flatten(2))
+    assert attn_fast.__dict__["_derived"]._entries["wo_a:fp32"][2].dtype == torch.float32
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6 * want.float().abs().mean().item())

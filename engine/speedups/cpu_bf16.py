@@ -1,8 +1,12 @@
-"""bf16 matrix products on a CPU without bf16 matrix instructions (neither AVX512-BF16 nor AMX): there torch's bf16
-kernels get slower than fp32 ones by a growing factor once a product has more than one row (a prefill, a verify
-block, the MoE's dense path). Widening both operands to fp32 gives the same products (every bf16 value is exact in
-fp32) summed in fp32, as torch's bf16 kernels sum them, then one rounding to bf16: equal up to summation order.
-One-row products (plain decode) keep the bf16 kernel, which beats widening the weight on every call."""
+"""bf16 matrix products on the CPU in fp32, where torch's bf16 kernels are slower.
+
+A small bf16 weight (at most RESIDENT_MAX_ELEMENTS) is multiplied through an fp32 copy made once and kept beside its
+module (engine.speedups.derived, rebuilt when the weight changes): at such sizes torch's bf16 kernels cost several
+times the fp32 ones at every row count, on CPUs with bf16 instructions (AVX512-BF16) as on CPUs without them
+(`scripts/bench_cpu_bf16.py` times the three ways on this machine). A larger weight keeps the bf16 kernel, except
+that a product of several rows on a CPU without bf16 matrix instructions widens both operands for that call. Either
+way the products are exact in fp32 (every bf16 value is) and summed in fp32, as torch's bf16 kernels sum them, then
+rounded once to bf16: equal to the bf16 kernel up to summation order."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +14,12 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .casts import cast
+from .derived import derived
+
 WIDEN_FROM_ROWS = 2
+# at most 4 MiB as fp32 per weight: beyond, a one-row product is bound by reading the weight, which bf16 halves
+RESIDENT_MAX_ELEMENTS = 1 << 20
 
 
 @functools.cache
@@ -21,14 +30,29 @@ def native_bf16_matmul() -> bool:
     return not probes or any(probe() for probe in probes)
 
 
+def resident(w: torch.Tensor) -> bool:
+    """Whether products with weight w read an fp32 copy kept resident: a small bf16 weight on the CPU."""
+    return w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.numel() <= RESIDENT_MAX_ELEMENTS
+
+
+def fp32_copy(owner: torch.nn.Module, name: str, w: torch.Tensor, layout=lambda w: w) -> torch.Tensor:
+    """layout(w) in fp32, kept in owner's derived weights under `name` and rebuilt when w changes."""
+    return derived(owner).get(name, (w,), lambda: layout(w).float())
+
+
 def widens(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """x [..., K] @ w in fp32: both bf16 on a CPU without bf16 matrix instructions, x with at least 2 rows."""
+    """x [..., K] @ w in fp32 for this call: both bf16 on a CPU without bf16 matrix instructions, x with at least 2
+    rows."""
     return (x.dtype == w.dtype == torch.bfloat16 and x.device.type == "cpu"
             and x.numel() >= WIDEN_FROM_ROWS * x.size(-1) and not native_bf16_matmul())
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) (x [..., K], w [N, K]), widened to fp32 where that is faster (widens)."""
+def linear(x: torch.Tensor, w: torch.Tensor, owner: torch.nn.Module | None = None) -> torch.Tensor:
+    """F.linear(x, w) (x [..., K], w [N, K]) in w's dtype, as Linear computes it (x cast to w's dtype first); in
+    fp32 where that is faster: through owner's resident copy of w (resident), or widened for this call (widens)."""
+    x = cast(x, w.dtype)
+    if owner is not None and resident(w):
+        return F.linear(x.float(), fp32_copy(owner, "weight:fp32", w)).to(w.dtype)
     return F.linear(x.float(), w.float()).to(x.dtype) if widens(x, w) else F.linear(x, w)
 
 

@@ -8,6 +8,7 @@ from ..model.attention import Attention
 from ..model.context import ForwardContext
 from .call_values import call_rows, call_width, every_visible_row, own_positions, ring_slots
 from .casts import cast
+from .cpu_bf16 import fp32_copy, resident
 from .derived import derived
 from .fast_indexer import FastIndexer
 from .fast_linear import FastLinear
@@ -73,13 +74,20 @@ class FastAttention(Attention):
     def grouped_output(self, o: torch.Tensor) -> torch.Tensor:
         """The grouped output projection wo_b(wo_a per head group) of o [B, S, H, D] → [B, S, dim], as one batched
         matmul with the groups as its batch: the weight is read in place (a matmul broadcasting it over B·S would
-        first copy it once per token)."""
+        first copy it once per token). A small bf16 weight on the CPU is read from an fp32 copy (cpu_bf16)."""
         B, S = o.shape[:2]
         G, w = self.groups, self.wo_a.weight
-        wo_a = derived(self).get("wo_a", (w,), lambda: w.view(G, self.o_rank, -1).transpose(1, 2))  # [G, H·D/G, r]
-        by_group = cast(o.reshape(B * S, G, -1).transpose(0, 1), wo_a.dtype)  # [G, B·S, H·D/G]
-        z = torch.bmm(by_group, wo_a)                                        # [G, B·S, r]
+        if resident(w):
+            wo_a = fp32_copy(self, "wo_a:fp32", w, self._by_groups)                  # [G, H·D/G, r]
+        else:
+            wo_a = derived(self).get("wo_a", (w,), lambda: self._by_groups(w))
+        by_group = cast(cast(o.reshape(B * S, G, -1).transpose(0, 1), w.dtype), wo_a.dtype)  # [G, B·S, H·D/G]
+        z = cast(torch.bmm(by_group, wo_a), w.dtype)                         # [G, B·S, r]
         return self.wo_b(z.transpose(0, 1).reshape(B, S, G * self.o_rank))
+
+    def _by_groups(self, wo_a: torch.Tensor) -> torch.Tensor:
+        """wo_a [G·r, H·D/G] as [G, H·D/G, r] (a view)."""
+        return wo_a.view(self.groups, self.o_rank, -1).transpose(1, 2)
 
     def _input_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """wq_a(x) and wkv(x); when both FP8-round their input (act_quant), x is rounded once for the two."""

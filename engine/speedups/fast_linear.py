@@ -9,10 +9,10 @@ from .fast_quant import fp8_qdq
 
 
 class FastLinear(Linear):
-    """Linear.forward, equal to it bit for bit: the input is cast only when its dtype differs from the weight's,
-    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops. bf16 products of
-    several rows on a CPU without bf16 matrix instructions run in fp32 (engine.speedups.cpu_bf16: equal up to
-    summation order). With autograd on, the reference code runs."""
+    """Linear.forward, equal to it bit for bit (bf16 on the CPU: up to summation order): the input is cast only when its dtype differs from the weight's,
+    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops. bf16 products on the
+    CPU run in fp32 where torch's bf16 kernels are slower, a small weight through an fp32 copy kept beside the
+    module (engine.speedups.cpu_bf16: equal up to summation order). With autograd on, the reference code runs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -20,4 +20,4 @@ class FastLinear(Linear):
             return super().forward(x)
         if self.act_quant and self.quantized:
             x = fp8_qdq(x)
-        return linear(x if x.dtype == w.dtype else x.to(w.dtype), w)
+        return linear(x, w, self)

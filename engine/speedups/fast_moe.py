@@ -115,6 +115,15 @@ class FastMoE(MoE):
             stacks = self.__dict__["fused_experts"] = FusedExperts()
         return stacks.stacks([*self.experts._modules.values(), self.shared_experts], used)
 
+    def _stack_input(self, x: torch.Tensor, w13: torch.Tensor) -> torch.Tensor:
+        """x as the experts' weights take it (cast to their dtype, as Linear does), in the stacks' dtype."""
+        return cast(cast(x, self.fused_experts.param_dtype), w13.dtype)
+
+    def _rounded(self, product: torch.Tensor) -> torch.Tensor:
+        """A product with the stacks, rounded to the experts' weights' dtype, as their own kernels return it (a
+        no-op unless the stacks are fp32 copies of bf16 experts)."""
+        return cast(product, self.fused_experts.param_dtype)
+
     def _shared_stacks_with_routed(self) -> bool:
         """The shared expert can join the routed ones' stack: plain weights of the same dtype and the same FP8
         input rounding (a checkpoint may keep the shared expert in another format than the routed ones)."""
@@ -134,15 +143,15 @@ class FastMoE(MoE):
         w13, w2t = self.fused()
         P, inter = pick.size(0), w2t.size(1)
         act_quant = self.experts[0].w1.act_quant
-        xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
+        xin = self._stack_input(fp8_qdq(x) if act_quant else x, w13)
         w = w13.index_select(0, pick)                                         # [P, 2·inter, dim]
         # one matrix-vector product per pair; a stride-0 broadcast of x would take a slow batched-matmul path
         xs = xin.view(-1) if N == 1 else xin.repeat_interleave(P // N, 0).unsqueeze(-1)   # [dim] or [P, dim, 1]
-        gu = torch.matmul(w, xs).view(P, -1)                                 # [P, 2·inter]
+        gu = self._rounded(torch.matmul(w, xs).view(P, -1))                  # [P, 2·inter]
         h = cast(swiglu(upcast(gu[:, :inter]), upcast(gu[:, inter:]), self.limit, weights), x.dtype)
         if act_quant:
             h = fp8_qdq(h)
-        y = torch.bmm(cast(h, w2t.dtype).unsqueeze(1), w2t.index_select(0, pick))   # [P, 1, dim]
+        y = self._rounded(torch.bmm(cast(h, w2t.dtype).unsqueeze(1), w2t.index_select(0, pick)))   # [P, 1, dim]
         return upcast(y).view(N, P // N, -1).sum(1)
 
     def sorted_pairs(self, x: torch.Tensor, weights: torch.Tensor, pick: torch.Tensor, N: int) -> torch.Tensor:
@@ -163,15 +172,15 @@ class FastMoE(MoE):
         w13, w2t = self.fused(experts)
         inter = w2t.size(1)
         act_quant = self.experts[0].w1.act_quant
-        xin = cast(fp8_qdq(x) if act_quant else x, w13.dtype)
+        xin = self._stack_input(fp8_qdq(x) if act_quant else x, w13)
         xs = xin.expand(k, -1) if order is None else xin[order // k]          # [P, dim] each pair's token
-        gu = torch.cat([linear(xs[b:b + n], w13[e]) for e, b, n in spans])    # [P, 2·inter]
+        gu = self._rounded(torch.cat([linear(xs[b:b + n], w13[e]) for e, b, n in spans]))   # [P, 2·inter]
         ws = weights if order is None else weights[order]
         h = cast(swiglu(upcast(gu[:, :inter]), upcast(gu[:, inter:]), self.limit, ws), x.dtype)
         if act_quant:
             h = fp8_qdq(h)
         h = cast(h, w2t.dtype)
-        y = torch.cat([mm(h[b:b + n], w2t[e]) for e, b, n in spans])         # [P, dim] by expert
+        y = self._rounded(torch.cat([mm(h[b:b + n], w2t[e]) for e, b, n in spans]))   # [P, dim] by expert
         if order is not None:
             y = torch.empty_like(y).index_copy_(0, order, y)                  # token-major again
         return upcast(y).view(N, k, -1).sum(1)
@@ -182,10 +191,12 @@ class FastMoE(MoE):
         w13, w2t = self.fused()
         N, E = x.size(0), self.n_experts
         inter = w2t.size(1)
-        gu = upcast(linear(cast(x, w13.dtype), w13[:E].view(-1, w13.size(-1)))).view(N, E, 2, inter)  # [N, E, 2, I]
+        gu = linear(self._stack_input(x, w13), w13[:E].view(-1, w13.size(-1)))
+        gu = upcast(self._rounded(gu)).view(N, E, 2, inter)                      # [N, E, 2, inter]
         dense_w = torch.zeros(N, E, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
         h = swiglu(gu[:, :, 0], gu[:, :, 1], self.limit, dense_w.unsqueeze(-1))   # [N, E, inter]
-        return upcast(mm(cast(h, w2t.dtype).reshape(N, -1), w2t[:E].view(E * inter, -1)))   # [N, dim]
+        h = cast(cast(h, self.fused_experts.param_dtype), w2t.dtype).reshape(N, -1)
+        return upcast(self._rounded(mm(h, w2t[:E].view(E * inter, -1))))     # [N, dim]
 
 
 def build_expert_stacks(root: torch.nn.Module) -> None:

@@ -1,0 +1,41 @@
+"""scripts/bench_cpu_bf16.py: one row per weight shape and row count, each of the four ways timed, fp32 the ×1.00
+reference; malformed arguments refused with a message."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "bench_cpu_bf16.py"
+CELL = r"\s+([\d.]+) \[\s*([\d.]+)–\s*([\d.]+)\] ×(\d+\.\d\d)"
+ROW = re.compile(rf"^\s*(\d+)x(\d+)\s+(\d+){CELL * 4}$")
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_the_table_has_every_shape_and_row_count():
+    out = run_script("--sizes", "8x16,32x32", "--rows", "1,3", "--rounds", "2", "--seconds", "0.002")
+    assert out.returncode == 0, out.stderr
+    assert "bf16 matrix instructions: " in out.stdout and "2 interleaved rounds" in out.stdout
+    rows = [ROW.match(line) for line in out.stdout.splitlines()]
+    got = [(int(m[1]), int(m[2]), int(m[3])) for m in rows if m]
+    assert got == [(8, 16, 1), (8, 16, 3), (32, 32, 1), (32, 32, 3)]
+    for m in filter(None, rows):
+        cells = [tuple(float(v) for v in m.groups()[3 + 4 * i:7 + 4 * i]) for i in range(4)]
+        assert cells[0][3] == 1.00                                   # fp32 against itself
+        base = cells[0][0]
+        for med, low, high, ratio in cells:
+            assert 0 < low <= med <= high
+            # the ratio of the unrounded medians, against those printed to 0.1 µs
+            assert (med - 0.05) / (base + 0.05) - 0.005 <= ratio <= (med + 0.05) / (base - 0.05) + 0.005
+
+
+def test_malformed_arguments_are_refused():
+    for args in (("--rows", "one"), ("--sizes", "192"), ("--sizes", "0x4"), ("--rounds", "0")):
+        out = run_script(*args)
+        assert out.returncode == 2 and "error:" in out.stderr, args
