@@ -5,7 +5,8 @@ and the input widened against a resident fp32 copy of the weight (engine.speedup
 
 Each round times every way once per shape and row count, interleaved (so a change of machine speed reaches all
 four alike); the table shows microseconds per product as the median [min–max] over the rounds, and each bf16 way's
-median relative to fp32. The default shapes are the shipped model's (its [96, 192] and [192, 192] projections, the
+median relative to fp32; the last column names the way the engine takes for that product (Linear's choice in
+engine.speedups.cpu_bf16.linear). The default shapes are the shipped model's (its [96, 192] and [192, 192] projections, the
 [384, 192] expert stack of W1 and W3, the [3229, 192] head) and square weights from 512² to 4096², at and beyond
 engine.speedups.cpu_bf16.RESIDENT_MAX_ELEMENTS.
 """
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     from engine.bench.cpu import machine_description
-    from engine.speedups.cpu_bf16 import RESIDENT_MAX_ELEMENTS, native_bf16_matmul
+    from engine.speedups.cpu_bf16 import (COPY_MAX_MACS, RESIDENT_MAX_ELEMENTS, native_bf16_matmul,
+                                          through_fp32_copy, widens)
     torch.set_num_threads(args.threads)
     cases = []
     for out, inp in args.sizes:
@@ -69,14 +71,16 @@ def main(argv=None) -> int:
         for rows in args.rows:
             xb = torch.randn(rows, inp).bfloat16()
             x32 = xb.float()
-            cases.append(((out, inp), rows, {
+            engine_way = ("resident fp32 copy" if through_fp32_copy(rows, wb)
+                          else "widened per call" if widens(xb, wb) else "bf16 kernel")
+            cases.append(((out, inp), rows, engine_way, {
                 "fp32": lambda x32=x32, w32=w32: F.linear(x32, w32),
                 "bf16 kernel": lambda xb=xb, wb=wb: F.linear(xb, wb),
                 "widened per call": lambda xb=xb, wb=wb: F.linear(xb.float(), wb.float()).bfloat16(),
                 "resident fp32 copy": lambda xb=xb, r=resident: F.linear(xb.float(), r).bfloat16()}))
-    times = {(shape, rows, way): [] for shape, rows, _ in cases for way in WAYS}
+    times = {(shape, rows, way): [] for shape, rows, _, _ in cases for way in WAYS}
     for r in range(args.rounds):
-        for shape, rows, ways in cases:
+        for shape, rows, _, ways in cases:
             order = WAYS[r % 4:] + WAYS[:r % 4]
             for way in order:
                 times[shape, rows, way].append(per_call_us(ways[way], args.seconds))
@@ -84,17 +88,18 @@ def main(argv=None) -> int:
     print(file=sys.stderr)
     print(f"bf16 products F.linear(x [rows, in], w [out, in]); {machine_description('cpu')}, torch {torch.__version__}, "
           f"{args.threads} thread(s); bf16 matrix instructions: {'yes' if native_bf16_matmul() else 'no'}; "
-          f"resident copies up to {RESIDENT_MAX_ELEMENTS:,} elements; µs per product, median [min–max] of "
+          f"resident copies up to {RESIDENT_MAX_ELEMENTS:,} elements, read by products up to {COPY_MAX_MACS:,} "
+          f"multiply-adds{'' if native_bf16_matmul() else ' (every product: no bf16 instructions)'}; µs per product, median [min–max] of "
           f"{args.rounds} interleaved rounds (× fp32's median)")
-    print(f"{'weight':>10} {'rows':>5}  " + "  ".join(f"{w:>28}" for w in WAYS))
-    for shape, rows, _ in cases:
+    print(f"{'weight':>10} {'rows':>5}  " + "  ".join(f"{w:>28}" for w in WAYS) + "  engine")
+    for shape, rows, engine_way, _ in cases:
         base = statistics.median(times[shape, rows, "fp32"])
         cells = []
         for way in WAYS:
             ts = times[shape, rows, way]
             med = statistics.median(ts)
             cells.append(f"{med:8.1f} [{min(ts):7.1f}–{max(ts):7.1f}] ×{med / base:4.2f}")
-        print(f"{shape[0]:>5}x{shape[1]:<4} {rows:>5}  " + "  ".join(f"{c:>28}" for c in cells))
+        print(f"{shape[0]:>5}x{shape[1]:<4} {rows:>5}  " + "  ".join(f"{c:>28}" for c in cells) + f"  {engine_way}")
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_cpu_bf16.py"
 CELL = r"\s+([\d.]+) \[\s*([\d.]+)–\s*([\d.]+)\] ×(\d+\.\d\d)"
-ROW = re.compile(rf"^\s*(\d+)x(\d+)\s+(\d+){CELL * 4}$")
+ROW = re.compile(rf"^\s*(\d+)x(\d+)\s+(\d+){CELL * 4}  (resident fp32 copy|widened per call|bf16 kernel)$")
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -25,6 +25,7 @@ def test_the_table_has_every_shape_and_row_count():
     rows = [ROW.match(line) for line in out.stdout.splitlines()]
     got = [(int(m[1]), int(m[2]), int(m[3])) for m in rows if m]
     assert got == [(8, 16, 1), (8, 16, 3), (32, 32, 1), (32, 32, 3)]
+    assert {m[20] for m in rows if m} == {"resident fp32 copy"}           # small products read the copy
     for m in filter(None, rows):
         cells = [tuple(float(v) for v in m.groups()[3 + 4 * i:7 + 4 * i]) for i in range(4)]
         assert cells[0][3] == 1.00                                   # fp32 against itself
@@ -39,3 +40,12 @@ def test_malformed_arguments_are_refused():
     for args in (("--rows", "one"), ("--sizes", "192"), ("--sizes", "0x4"), ("--rounds", "0")):
         out = run_script(*args)
         assert out.returncode == 2 and "error:" in out.stderr, args
+
+
+def test_the_engine_column_names_the_way_linear_takes():
+    from engine.speedups.cpu_bf16 import native_bf16_matmul
+    out = run_script("--sizes", "1100x1000", "--rows", "1,2", "--rounds", "1", "--seconds", "0.002")
+    assert out.returncode == 0, out.stderr
+    ways = [m[20] for m in map(ROW.match, out.stdout.splitlines()) if m]
+    # 1.1M elements: beyond RESIDENT_MAX_ELEMENTS, so no copy; two rows widen only without bf16 instructions
+    assert ways == ["bf16 kernel", "bf16 kernel" if native_bf16_matmul() else "widened per call"]

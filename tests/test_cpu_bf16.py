@@ -64,12 +64,38 @@ def test_which_weights_are_kept_in_fp32():
     assert not cpu_bf16.resident(torch.zeros(cpu_bf16.RESIDENT_MAX_ELEMENTS + 1, dtype=torch.bfloat16))
 
 
-def test_a_small_bf16_linear_reads_one_fp32_copy_that_follows_the_weight():
+def test_which_products_read_the_fp32_copy(monkeypatch):
+    w = torch.zeros(768, 192, dtype=torch.bfloat16)                 # 147,456 elements
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: True)
+    assert cpu_bf16.through_fp32_copy(1, w) and cpu_bf16.through_fp32_copy(7, w)   # 1,032,192 multiply-adds
+    assert not cpu_bf16.through_fp32_copy(8, w)                     # beyond COPY_MAX_MACS: the bf16 kernel
+    assert not cpu_bf16.through_fp32_copy(1, w.float())             # an fp32 weight is its own copy
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: False)
+    assert cpu_bf16.through_fp32_copy(4096, w)                      # no bf16 instructions: every product
+    assert not cpu_bf16.through_fp32_copy(1, torch.zeros(cpu_bf16.RESIDENT_MAX_ELEMENTS + 1, dtype=torch.bfloat16))
+
+
+def test_a_large_bf16_product_keeps_the_bf16_kernel_where_the_cpu_has_bf16_instructions(monkeypatch):
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: True)
+    x, w = operands(8, seed=4)
+    layer = FastLinear(192, 768, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+        assert "_derived" not in layer.__dict__                     # no copy made for it
+        layer(x[:1])
+    assert "weight:fp32" in layer.__dict__["_derived"]._entries
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["no-bf16-instructions", "bf16-instructions"])
+def test_a_small_bf16_linear_reads_one_fp32_copy_that_follows_the_weight(monkeypatch, native):
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: native)
     g = torch.Generator().manual_seed(1)
     layer = FastLinear(192, 768, dtype=torch.bfloat16)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(768, 192, generator=g))
-    for rows in (1, 2, 9):
+    for rows in (1, 2, 7):                                          # all through the copy (COPY_MAX_MACS)
         x = torch.randn(rows, 192, generator=g).bfloat16()
         with torch.inference_mode():
             got = layer(x)
@@ -100,11 +126,14 @@ def test_a_large_bf16_weight_keeps_the_bf16_kernel_for_one_row(monkeypatch):
     assert "_derived" not in layer.__dict__
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 12], ids=lambda n: f"{n}-tokens")
-def test_bf16_expert_stacks_in_fp32_round_each_product_as_the_bf16_experts(tokens):
-    """The MoE's few-token paths (by expert, gathered, dense) read fp32 copies of small bf16 experts and round
-    each product to bf16 as the experts' own kernels do: the reference MoE's output up to the summation order of
+@pytest.mark.parametrize("native", [False, True], ids=["no-bf16-instructions", "bf16-instructions"])
+@pytest.mark.parametrize("tokens", [1, 3, 12, 300], ids=lambda n: f"{n}-tokens")
+def test_bf16_expert_stacks_in_fp32_round_each_product_as_the_bf16_experts(monkeypatch, tokens, native):
+    """The MoE's paths (by expert, gathered, dense) read fp32 copies of small bf16 experts and round each product
+    to bf16 as the experts' own kernels do — except products too large for the copy to pay on a CPU with bf16
+    instructions, which read bf16 copies of the stacks: the reference MoE's output up to the summation order of
     the products, and as close to the float64 MoE."""
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: native)
     args = args_of("v4.1")
     E, k = args.n_routed_experts, args.n_activated_experts
     torch.manual_seed(0)
@@ -127,6 +156,10 @@ def test_bf16_expert_stacks_in_fp32_round_each_product_as_the_bf16_experts(token
                  "dense": fast.dense_experts(x, weights, ids) + fast.shared_experts(x).float()}
         w13, w2t = fast.fused()
     assert w13.dtype == w2t.dtype == torch.float32 and fast.fused_experts.param_dtype == torch.bfloat16
+    # one expert's [W1; W3] has 2 · 32 · 64 elements: by expert, 300 tokens pass COPY_MAX_MACS; dense (all 8), 32
+    bf16_stacks = fast.__dict__["_derived"]._entries if "_derived" in fast.__dict__ else {}
+    assert ("w13:param" in bf16_stacks) == (native and tokens == 300)
+    assert all(entry[2].dtype == torch.bfloat16 for entry in bf16_stacks.values())
     err_ref = (want.double() - truth).abs().mean()
     for name, got in paths.items():
         assert got.dtype == torch.float32, name
@@ -134,14 +167,19 @@ def test_bf16_expert_stacks_in_fp32_round_each_product_as_the_bf16_experts(token
         assert (got.double() - truth).abs().mean() <= 1.25 * err_ref, name
 
 
-def test_the_grouped_output_projection_reads_an_fp32_copy_in_bf16():
+@pytest.mark.parametrize("native", [False, True], ids=["no-bf16-instructions", "bf16-instructions"])
+@pytest.mark.parametrize("tokens", [3, 600], ids=lambda n: f"{n}-tokens")
+def test_the_grouped_output_projection_reads_an_fp32_copy_in_bf16(monkeypatch, tokens, native):
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: native)
     ref, fast = pair("v4.1", torch.bfloat16)
     attn_ref, attn_fast = ref.layers[0].attn, fast.layers[0].attn
-    o = torch.randn(1, 3, ref.args.n_heads, ref.args.head_dim).bfloat16()
+    o = torch.randn(1, tokens, ref.args.n_heads, ref.args.head_dim).bfloat16()
     with torch.inference_mode():
         got = attn_fast.grouped_output(o)
         wo_a = attn_ref.wo_a.weight.view(attn_ref.groups, attn_ref.o_rank, -1)
-        z = torch.einsum("bsgd,grd->bsgr", o.reshape(1, 3, attn_ref.groups, -1), wo_a)   # the reference's kernel
+        z = torch.einsum("bsgd,grd->bsgr", o.reshape(1, tokens, attn_ref.groups, -1), wo_a)   # the reference's
         want = attn_ref.wo_b(z.flatten(2))
-    assert attn_fast.__dict__["_derived"]._entries["wo_a:fp32"][2].dtype == torch.float32
+    entries = attn_fast.__dict__["_derived"]._entries
+    assert ("wo_a:fp32" in entries) == (not native or tokens * wo_a.numel() <= cpu_bf16.COPY_MAX_MACS)
+    assert "wo_a:fp32" not in entries or entries["wo_a:fp32"][2].dtype == torch.float32
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6 * want.float().abs().mean().item())

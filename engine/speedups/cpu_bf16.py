@@ -1,12 +1,13 @@
 """bf16 matrix products on the CPU in fp32, where torch's bf16 kernels are slower.
 
 A small bf16 weight (at most RESIDENT_MAX_ELEMENTS) is multiplied through an fp32 copy made once and kept beside its
-module (engine.speedups.derived, rebuilt when the weight changes): at such sizes torch's bf16 kernels cost several
-times the fp32 ones at every row count, on CPUs with bf16 instructions (AVX512-BF16) as on CPUs without them
-(`scripts/bench_cpu_bf16.py` times the three ways on this machine). A larger weight keeps the bf16 kernel, except
-that a product of several rows on a CPU without bf16 matrix instructions widens both operands for that call. Either
-way the products are exact in fp32 (every bf16 value is) and summed in fp32, as torch's bf16 kernels sum them, then
-rounded once to bf16: equal to the bf16 kernel up to summation order."""
+module (engine.speedups.derived, rebuilt when the weight changes), in every product on a CPU without bf16 matrix
+instructions and in small products (one row, as in decode, or a few with a small weight) on a CPU with them: a bf16
+kernel call has a fixed cost several times that of a small fp32 product, while larger products on a CPU with bf16
+instructions run several times faster in bf16 (`scripts/bench_cpu_bf16.py` times the four ways on this machine). A
+larger weight keeps the bf16 kernel, except that a product of several rows on a CPU without bf16 matrix instructions
+widens both operands for that call. Either way the products are exact in fp32 (every bf16 value is) and summed in
+fp32, as torch's bf16 kernels sum them, then rounded once to bf16: equal to the bf16 kernel up to summation order."""
 from __future__ import annotations
 
 import functools
@@ -20,6 +21,9 @@ from .derived import derived
 WIDEN_FROM_ROWS = 2
 # at most 4 MiB as fp32 per weight: beyond, a one-row product is bound by reading the weight, which bf16 halves
 RESIDENT_MAX_ELEMENTS = 1 << 20
+# a product up to this many multiply-adds reads the fp32 copy even where torch's bf16 kernels are fast: a one-row
+# product with any resident weight, six rows (a DSpark verify) with a 192 × 192 one
+COPY_MAX_MACS = 1 << 20
 
 
 @functools.cache
@@ -33,6 +37,19 @@ def native_bf16_matmul() -> bool:
 def resident(w: torch.Tensor) -> bool:
     """Whether products with weight w read an fp32 copy kept resident: a small bf16 weight on the CPU."""
     return w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.numel() <= RESIDENT_MAX_ELEMENTS
+
+
+def copy_pays(rows: int, w: torch.Tensor) -> bool:
+    """Whether a product of `rows` rows with a resident weight w (or a slice as large) reads the fp32 copy: on a
+    CPU without bf16 matrix instructions always; on one with them while the product is small (at most
+    COPY_MAX_MACS multiply-adds), below the fixed cost of a bf16 kernel call; a larger product keeps the bf16
+    kernel, which can run several times faster than fp32 there (`scripts/bench_cpu_bf16.py`)."""
+    return rows * w.numel() <= COPY_MAX_MACS or not native_bf16_matmul()
+
+
+def through_fp32_copy(rows: int, w: torch.Tensor) -> bool:
+    """Whether a product of `rows` rows with weight w reads w's resident fp32 copy (resident, copy_pays)."""
+    return resident(w) and copy_pays(rows, w)
 
 
 def fp32_copy(owner: torch.nn.Module, name: str, w: torch.Tensor, layout=lambda w: w) -> torch.Tensor:
@@ -51,7 +68,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, owner: torch.nn.Module | None = Non
     """F.linear(x, w) (x [..., K], w [N, K]) in w's dtype, as Linear computes it (x cast to w's dtype first); in
     fp32 where that is faster: through owner's resident copy of w (resident), or widened for this call (widens)."""
     x = cast(x, w.dtype)
-    if owner is not None and resident(w):
+    if owner is not None and through_fp32_copy(x.numel() // max(x.size(-1), 1), w):
         return F.linear(x.float(), fp32_copy(owner, "weight:fp32", w)).to(w.dtype)
     return F.linear(x.float(), w.float()).to(x.dtype) if widens(x, w) else F.linear(x, w)
 

@@ -10,7 +10,8 @@ from ..model.linear import Linear
 from ..model.moe import MoE, swiglu
 from ..model.norm import upcast
 from .casts import cast
-from .cpu_bf16 import linear, mm
+from .cpu_bf16 import copy_pays, linear, mm
+from .derived import derived
 from .expert_stacks import ExpertStacks
 from .fast_linear import FastLinear
 from .fast_quant import fp8_qdq
@@ -115,6 +116,18 @@ class FastMoE(MoE):
             stacks = self.__dict__["fused_experts"] = FusedExperts()
         return stacks.stacks([*self.experts._modules.values(), self.shared_experts], used)
 
+    def fused_for(self, rows: int, used: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """fused(used) for products of up to `rows` rows with one expert's weights (or as many multiply-adds): where the stacks are fp32 copies of bf16
+        experts and a product that large runs faster in bf16 (engine.speedups.cpu_bf16.copy_pays), bf16 copies of
+        them (exact, made once and rebuilt when the stacks change)."""
+        w13, w2t = self.fused(used)
+        dtype = self.fused_experts.param_dtype
+        if w13.dtype == dtype or copy_pays(rows, w13[0]):
+            return w13, w2t
+        cache = derived(self)
+        return (cache.get("w13:param", (w13,), lambda: w13.to(dtype)),
+                cache.get("w2t:param", (w2t,), lambda: w2t.to(dtype)))
+
     def _stack_input(self, x: torch.Tensor, w13: torch.Tensor) -> torch.Tensor:
         """x as the experts' weights take it (cast to their dtype, as Linear does), in the stacks' dtype."""
         return cast(cast(x, self.fused_experts.param_dtype), w13.dtype)
@@ -169,7 +182,7 @@ class FastMoE(MoE):
             ends = list(accumulate(counts))
             spans = [(e, ends[e] - n, n) for e, n in enumerate(counts) if n]   # (expert, first pair, pairs)
             experts = [e for e, _, _ in spans]
-        w13, w2t = self.fused(experts)
+        w13, w2t = self.fused_for(N, experts)
         inter = w2t.size(1)
         act_quant = self.experts[0].w1.act_quant
         xin = self._stack_input(fp8_qdq(x) if act_quant else x, w13)
@@ -188,8 +201,8 @@ class FastMoE(MoE):
     def dense_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Small models: every expert on every token, the router's weights scattered over [N, E] (0 = unchosen),
         so y = Σ_chosen w_e · W2_e · swiglu(W1_e x, W3_e x) in one up and one down matmul."""
-        w13, w2t = self.fused()
         N, E = x.size(0), self.n_experts
+        w13, w2t = self.fused_for(N * E)                                      # one product over all E experts
         inter = w2t.size(1)
         gu = linear(self._stack_input(x, w13), w13[:E].view(-1, w13.size(-1)))
         gu = upcast(self._rounded(gu)).view(N, E, 2, inter)                      # [N, E, 2, inter]
