@@ -6,9 +6,9 @@ and the input widened against a resident fp32 copy of the weight (engine.speedup
 Each round times every way once per shape and row count, interleaved (so a change of machine speed reaches all
 four alike); the table shows microseconds per product as the median [min–max] over the rounds, and each bf16 way's
 median relative to fp32; the last column names the way the engine takes for that product (Linear's choice in
-engine.speedups.cpu_bf16.linear). The default shapes are the shipped model's (its [96, 192] and [192, 192] projections, the
-[384, 192] expert stack of W1 and W3, the [3229, 192] head) and square weights from 512² to 4096², at and beyond
-engine.speedups.cpu_bf16.RESIDENT_MAX_ELEMENTS.
+engine.speedups.cpu_bf16.linear). The default shapes are the shipped model's (its [96, 192] and [192, 192]
+projections, the [384, 192] expert stack of W1 and W3, the [3229, 192] head) and square weights from 512² to 4096²,
+at and beyond engine.speedups.cpu_bf16.RESIDENT_MAX_ELEMENTS.
 """
 from __future__ import annotations
 
@@ -86,11 +86,13 @@ def main(argv=None) -> int:
                 times[shape, rows, way].append(per_call_us(ways[way], args.seconds))
         print(f"\rround {r + 1}/{args.rounds}", end="", file=sys.stderr)
     print(file=sys.stderr)
-    print(f"bf16 products F.linear(x [rows, in], w [out, in]); {machine_description('cpu')}, torch {torch.__version__}, "
-          f"{args.threads} thread(s); bf16 matrix instructions: {'yes' if native_bf16_matmul() else 'no'}; "
+    native = native_bf16_matmul()
+    print(f"bf16 products F.linear(x [rows, in], w [out, in]); {machine_description('cpu')}, "
+          f"torch {torch.__version__}, {args.threads} thread(s); "
+          f"bf16 matrix instructions: {'yes' if native else 'no'}; "
           f"resident copies up to {RESIDENT_MAX_ELEMENTS:,} elements, read by products up to {COPY_MAX_MACS:,} "
-          f"multiply-adds{'' if native_bf16_matmul() else ' (every product: no bf16 instructions)'}; µs per product, median [min–max] of "
-          f"{args.rounds} interleaved rounds (× fp32's median)")
+          f"multiply-adds{'' if native else ' (every product: no bf16 instructions)'}; µs per product, "
+          f"median [min–max] of {args.rounds} interleaved rounds (× fp32's median)")
     print(f"{'weight':>10} {'rows':>5}  " + "  ".join(f"{w:>28}" for w in WAYS) + "  engine")
     for shape, rows, engine_way, _ in cases:
         base = statistics.median(times[shape, rows, "fp32"])

@@ -9,10 +9,11 @@ from .fast_quant import fp8_qdq
 
 
 class FastLinear(Linear):
-    """Linear.forward, equal to it bit for bit (bf16 on the CPU: up to summation order): the input is cast only when its dtype differs from the weight's,
-    and a quantized weight's FP8 input quant-dequant takes engine.speedups.fast_quant's ops. bf16 products on the
-    CPU run in fp32 where torch's bf16 kernels are slower, a small weight through an fp32 copy kept beside the
-    module (engine.speedups.cpu_bf16: equal up to summation order). With autograd on, the reference code runs."""
+    """Linear.forward, equal to it bit for bit (bf16 on the CPU: up to summation order): the input is cast only
+    when its dtype differs from the weight's, and a quantized weight's FP8 input quant-dequant takes
+    engine.speedups.fast_quant's ops. bf16 products on the CPU run in fp32 where torch's bf16 kernels are slower, a
+    small weight's through an fp32 copy kept beside the module (engine.speedups.cpu_bf16). With autograd on, the
+    reference code runs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight

@@ -117,9 +117,10 @@ class FastMoE(MoE):
         return stacks.stacks([*self.experts._modules.values(), self.shared_experts], used)
 
     def fused_for(self, rows: int, used: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """fused(used) for products of up to `rows` rows with one expert's weights (or as many multiply-adds): where the stacks are fp32 copies of bf16
-        experts and a product that large runs faster in bf16 (engine.speedups.cpu_bf16.copy_pays), bf16 copies of
-        them (exact, made once and rebuilt when the stacks change)."""
+        """fused(used) for products of up to `rows` rows with one expert's weights (or as many multiply-adds):
+        where the stacks are fp32 copies of bf16 experts and a product that large runs faster in bf16
+        (engine.speedups.cpu_bf16.copy_pays), bf16 copies of them (exact, made once, rebuilt when the stacks
+        change)."""
         w13, w2t = self.fused(used)
         dtype = self.fused_experts.param_dtype
         if w13.dtype == dtype or copy_pays(rows, w13[0]):
