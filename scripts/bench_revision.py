@@ -17,7 +17,8 @@ above 1 means the working tree is faster) and the range of the per-run pair rati
 through torch.compile (the opt-in transform, engine.graphs) against REV's eager decode, with the seconds each launch's
 first compiled step took (inductor's cache on disk makes all but the first launch per config short). --bf16 adds a
 third side, the working tree in bfloat16, launched next to the other two, and a second table: bfloat16 against the
-working tree's float32 (--dtype) of the same runs.
+working tree's float32 (--dtype) of the same runs; with both, the bfloat16 side compiles too and that table's
+"decode compiled" row is compiled bfloat16 against compiled float32.
 """
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ def interleaved_runs(trees: dict, labels: dict, flags: dict, a: argparse.Namespa
                 for side in sides if run % 2 == 0 else sides[::-1]:
                     dtype = "bfloat16" if side == "tree_bf16" else a.dtype
                     command = bench_command(spec, threads, flags[side], labels[side], a, dtype,
-                                            compile_=a.compile and side == "tree")
+                                            compile_=a.compile and side in ("tree", "tree_bf16"))
                     result = measure(trees[side], labels[side], command, threads)
                     record = {"run": run, "side": side, "config": spec, "threads": threads,
                               "prefill": result["prefill_tokens_per_s"], "decode": result["decode_tokens_per_s"],
@@ -190,12 +191,14 @@ def interleaved_runs(trees: dict, labels: dict, flags: dict, a: argparse.Namespa
 
 
 def summary_rows(records: list[dict], a: argparse.Namespace, base: str = "rev", other: str = "tree",
-                 compiled: bool = False) -> list[dict]:
+                 compiled: bool = False, base_compiled: bool = False) -> list[dict]:
     """One row per config, thread count and phase: base and other side's median [min–max], the ratio of the
     medians (other / base) and the range of the per-run pair ratios. compiled adds the COMPILED row (other's
-    compiled decode against base's decode)."""
+    compiled decode against base's decode, or with base_compiled against base's compiled decode)."""
     rows = []
-    phases = [(phase, phase) for phase in PHASES] + ([(COMPILED, "decode")] if compiled else [])
+    phases = [(phase, phase) for phase in PHASES]
+    if compiled:
+        phases.append((COMPILED, COMPILED if base_compiled else "decode"))
     for spec in a.configs:
         for threads in a.threads:
             for phase, base_phase in phases:
@@ -293,7 +296,8 @@ def run_comparison(a: argparse.Namespace) -> int:
         lines += ["", f"{COMPILED}: the working tree's decode through torch.compile against {labels['rev']}'s eager "
                       f"decode; first compiled step per launch {statistics.median(seconds):,.1f} s median "
                       f"[{min(seconds):,.1f}–{max(seconds):,.1f}] (compiling, or loading inductor's cache)"]
-    bf16_rows = summary_rows(records, a, base="tree", other="tree_bf16") if a.bf16 else []
+    bf16_rows = summary_rows(records, a, base="tree", other="tree_bf16", compiled=a.compile,
+                             base_compiled=True) if a.bf16 else []
     if bf16_rows:
         lines += ["", f"bfloat16 against {a.dtype}, both the working tree, the same runs; ratio: bfloat16 / {a.dtype}",
                   "", *table_lines(bf16_rows, f"{a.dtype}", "bfloat16")]

@@ -121,6 +121,38 @@ def test_the_compiled_row_sets_the_working_trees_compiled_decode_against_the_rev
     assert rows["decode"]["ratio"] == 19.0 / 11.0
 
 
+def test_with_bf16_the_bfloat16_side_compiles_too_and_its_row_sets_compiled_against_compiled(monkeypatch):
+    """--compile --bf16: the bfloat16 launches get `--compile` as well, and the bfloat16 table's compiled row divides
+    the bfloat16 compiled decode by the float32 compiled decode of the same run."""
+    script = load_script()
+    a = script.parse_arguments(["HEAD", "--configs", "tiny-v4.1", "--threads", "1", "--runs", "2", "--compile",
+                                "--bf16"])
+    commands = []
+    compiled = {("tree", 0): 40.0, ("tree", 1): 50.0, ("tree_bf16", 0): 60.0, ("tree_bf16", 1): 55.0}
+
+    def fake_measure(tree, label, command, threads):
+        side = {"REV": "rev", "tree": "tree", "tree bf16": "tree_bf16"}[label]
+        run = sum(1 for c in commands if c[0] == side)
+        commands.append((side, command))
+        result = {"prefill_tokens_per_s": 100.0, "decode_tokens_per_s": 10.0}
+        if "--compile" in command:
+            result["compile"] = {"decode_tokens_per_s_compiled": compiled[side, run], "first_compiled_step_s": 3.0}
+        return result
+
+    monkeypatch.setattr(script, "measure", fake_measure)
+    flags = {side: {"--dtype"} for side in ("rev", "tree", "tree_bf16")}
+    records = script.interleaved_runs({side: ROOT for side in flags},
+                                      {"rev": "REV", "tree": "tree", "tree_bf16": "tree bf16"}, flags, a)
+    assert {side: [("--compile" in c) for s, c in commands if s == side] for side in flags} == \
+        {"rev": [False, False], "tree": [True, True], "tree_bf16": [True, True]}
+    assert all("bfloat16" in c for side, c in commands if side == "tree_bf16")
+    rows = {r["phase"]: r for r in script.summary_rows(records, a, base="tree", other="tree_bf16", compiled=True,
+                                                       base_compiled=True)}
+    row = rows[script.COMPILED]
+    assert row["base_median"] == 45.0 and row["other_median"] == 57.5 and row["ratio"] == 57.5 / 45.0
+    assert (row["pair_ratio_min"], row["pair_ratio_max"]) == (1.1, 1.5)   # 55 / 50 and 60 / 40
+
+
 def test_a_bad_revision_is_named_and_leaves_no_worktree():
     before, folders = worktrees(), temporary_folders()
     run = run_script("no-such-revision-xyz", "--runs", "1")
