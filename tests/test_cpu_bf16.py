@@ -1,7 +1,9 @@
 """engine.speedups.cpu_bf16: small bf16 weights on the CPU multiplied through a resident fp32 copy (made once, rebuilt
-when the weight changes); larger ones widened to fp32 for products of several rows on a CPU without bf16 matrix
-instructions; both equal to torch's bf16 kernels up to summation order, in the modules that use them too (Linear,
-the MoE's expert stacks, the attention's grouped output projection)."""
+when the weight changes) in every product on a CPU without bf16 matrix instructions and in small products on one
+with them; larger weights widened to fp32 for products of several rows on a CPU without bf16 matrix instructions;
+all equal to torch's bf16 kernels up to summation order, in the modules that use them too (Linear, the MoE's expert
+stacks, the attention's grouped output projection). Both kinds of CPU are tested on any machine (the probe is
+replaced)."""
 from __future__ import annotations
 
 import pytest
