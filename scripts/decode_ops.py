@@ -65,16 +65,16 @@ def main(argv=None) -> int:
     from engine.spec.errors import InputError
     from engine.spec.presets import resolve_config
     torch.set_num_threads(1)
+    profiles = {}
     try:
         config = resolve_config(args.config)
-    except InputError as e:
+        for name in args.dtypes:
+            model = bench_model(config, batch=1, prompt_len=32, new_tokens=5 + args.steps, repeats=1, seed=0,
+                                device="cpu", dtype=getattr(torch, name))
+            profiles[name] = profile_steps(model, config.vocab_size, args.steps)
+    except InputError as e:   # an unknown preset, a broken config, more steps than the model's max_seq_len
         print(f"error: {e}", file=sys.stderr)
         return 2
-    profiles = {}
-    for name in args.dtypes:
-        model = bench_model(config, batch=1, prompt_len=32, new_tokens=5 + args.steps, repeats=1, seed=0,
-                            device="cpu", dtype=getattr(torch, name))
-        profiles[name] = profile_steps(model, config.vocab_size, args.steps)
     n = args.steps
     print(f"{config.name or args.config}: aten ops per eager decode step (batch 1, 1 thread, {n} profiled steps); "
           f"{machine_description('cpu')}, torch {torch.__version__}")

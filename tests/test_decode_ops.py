@@ -40,3 +40,5 @@ def test_bad_arguments_are_refused():
         assert out.returncode == 2 and "error:" in out.stderr, args
     out = run_script("--config", "no-such-preset")
     assert out.returncode == 2 and "no-such-preset" in out.stderr
+    out = run_script("--steps", "100000")                     # beyond the model's max_seq_len
+    assert out.returncode == 2 and "max_seq_len" in out.stderr and "Traceback" not in out.stderr
