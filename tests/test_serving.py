@@ -123,7 +123,8 @@ def test_a_two_rank_service_serves_the_single_process_text_and_trace():
         assert got.texts == want.texts and got.result.tokens == want.result.tokens
         assert_traces_match(want_trace, got_trace, 1e-4)     # fp32: the all-reduce order (tests/test_parallel.py)
         remote.shutdown()
-        assert proc.wait(60) == 0
+        code = proc.wait(60)
+        assert code == 0, proc.stdout.read()[-3000:]
     finally:
         if proc.poll() is None:
             proc.terminate()          # torchrun ends its ranks; ranks whose launcher dies end themselves

@@ -91,6 +91,14 @@ def join_world(device: str | torch.device = "cpu") -> World | None:
     return World(dist.get_rank(), dist.get_world_size(), dev, dist.group.WORLD, limit)
 
 
+def leave_world() -> None:
+    """Destroy this process's process groups (every one: the world and any made with new_group), if any. A rank that
+    exits with its groups alive leaves their backend's threads to the interpreter's teardown, which can abort the
+    process (gloo: "terminate called without an active exception") after all its work is done."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def is_main_process() -> bool:
     """True on rank 0 and in a single-process run: the process that prints and writes files."""
     return not dist.is_initialized() or dist.get_rank() == 0

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from ..generation import Engine
-        from ..parallel import join_world
+        from ..parallel import join_world, leave_world
         from .service import serve
         torch.set_num_threads(a.threads)
         world = join_world(a.device)
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"V41VIZ_ENGINE={address[0]}:{address[1]}", flush=True)
 
         serve(engine, world, port=a.port, checkpoint=a.checkpoint, on_ready=ready)
+        leave_world()   # after a shutdown request every rank is here: end the process groups before exiting
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
