@@ -140,6 +140,18 @@ def test_a_shard_reads_its_slices_of_a_checkpoint(tmp_path):
         assert freqs and all(torch.equal(x, y) for x, y in freqs)           # rebuilt after the meta-device build
 
 
+def test_a_shard_built_under_inference_mode_has_ordinary_parameters(tmp_path):
+    """Sharding and the meta-device load make new tensors after the speed transforms: inside torch.inference_mode
+    they would be inference tensors, whose missing version counter the speed paths' derived weights read."""
+    a = tiny_args()
+    save_checkpoint(tiny_model(torch.float32), tmp_path / "ckpt")
+    with torch.inference_mode():
+        for shard in (build_shard(a, World(1, 2, CPU, group=None), checkpoint=tmp_path / "ckpt",
+                                  token_map=synthetic_token_map(a)),
+                      build_shard(a, World(1, 2, CPU, group=None), token_map=synthetic_token_map(a), seed=0)):
+            assert not any(t.is_inference() for t in [*shard.parameters(), *shard.buffers()])
+
+
 def test_official_checkpoints_load_in_one_process_for_now(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
     with pytest.raises(InputError, match="official-format .* load in one process for now"):

@@ -45,6 +45,23 @@ def test_speedups_swap_code_only_and_match_the_reference():
         torch.testing.assert_close(a["comb"], b["comb"], atol=1e-12, rtol=0)
 
 
+def test_a_model_made_under_inference_mode_runs_the_speed_paths_and_sees_its_weights_change():
+    """Tensors made inside torch.inference_mode keep no version counter, which the speed paths' derived weights
+    read to notice a weight changed in place: prepare_for_inference re-makes them as ordinary tensors."""
+    toks = random_tokens(1, 6, seed=5, vocab=2048)
+    normal = prepare_for_inference(reference_model(torch.float32))
+    with torch.inference_mode():
+        made = prepare_for_inference(reference_model(torch.float32))
+        assert not any(t.is_inference() for t in [*made.parameters(), *made.buffers()])
+        assert torch.equal(made(toks).logits, normal(toks).logits)
+        other = Transformer(made.args, synthetic_token_map(made.args))
+        init_weights(other, 1)
+        made.load_state_dict(other.state_dict())          # in place, inside inference_mode: the derived copies follow
+        changed = made(toks).logits
+        assert torch.equal(changed, prepare_for_inference(other.eval())(toks).logits)
+        assert not torch.equal(changed, normal(toks).logits)
+
+
 def test_autograd_runs_the_reference_code_exactly():
     ref, fast = reference_model(torch.float32), apply_speedups(reference_model(torch.float32))
     toks = random_tokens(1, 6, seed=4, vocab=2048)

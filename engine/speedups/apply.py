@@ -72,6 +72,7 @@ def apply_speedups(model: nn.Module) -> nn.Module:
     forms of a decode step (FAST_CLASSES); every block's Sinkhorn runs in numpy on the CPU. Same parameters and
     state dict, same results up to float rounding, same trace calls; with autograd on, the reference code runs.
     Idempotent; returns `model`."""
+    track_versions(model)
     for module in model.modules():
         if type(module) is MoE:
             FastMoE.adopt(module)
@@ -82,6 +83,24 @@ def apply_speedups(model: nn.Module) -> nn.Module:
         if isinstance(module, Block):
             module.sinkhorn = fast_sinkhorn
     return model
+
+
+def track_versions(model: nn.Module) -> None:
+    """Re-make as ordinary tensors the parameters and buffers that were made under torch.inference_mode (a model
+    built or loaded inside it): such inference tensors keep no version counter, and the speed paths' derived
+    weights (engine.speedups.derived, the expert stacks) tell from it that a weight changed in place. One tensor
+    at a time, tied ones kept tied; a model made outside inference_mode is left as it is."""
+    remade: dict[int, torch.Tensor] = {}
+    with torch.inference_mode(False):
+        for module in model.modules():
+            for store in (module._parameters, module._buffers):
+                for name, t in store.items():
+                    if t is None or not t.is_inference():
+                        continue
+                    if id(t) not in remade:
+                        copy = t.clone()
+                        remade[id(t)] = nn.Parameter(copy, t.requires_grad) if isinstance(t, nn.Parameter) else copy
+                    store[name] = remade[id(t)]
 
 
 def apply_kernels(model: nn.Module, backend: str | None = None) -> nn.Module:
