@@ -37,6 +37,21 @@ def test_decoding_option_flags_reach_the_engine_and_the_trace(tmp_path, capsys):
     assert (meta["repetition_penalty"], meta["no_repeat_ngram"]) == (0.3, 2)
 
 
+def test_dtype_flag_runs_the_model_in_bf16_and_names_it_in_the_trace(tmp_path, capsys):
+    import torch
+    out = tmp_path / "run.json"
+    args = ["--config", "tiny-v4.1", "--random-init", "--seed", "4", "--max-new-tokens", "8", "--trace", str(out)]
+    assert main(BASE + args + ["--dtype", "bfloat16"]) == 0
+    stdout = capsys.readouterr().out
+    bf16 = Engine.load("tiny-v4.1", seed=4, dtype=torch.bfloat16).generate_text("The cat", max_new_tokens=8).texts[0]
+    fp32 = Engine.load("tiny-v4.1", seed=4).generate_text("The cat", max_new_tokens=8).texts[0]
+    assert stdout.rstrip("\n") == "The cat" + bf16 != "The cat" + fp32      # this seed's texts differ by dtype
+    assert Trace.load(out).meta["dtype"] == "bfloat16"
+    with pytest.raises(SystemExit) as refused:                              # argparse's own refusal
+        main(BASE + args + ["--dtype", "float16"])
+    assert refused.value.code == 2 and "invalid choice: 'float16'" in capsys.readouterr().err
+
+
 def test_checkpoint_generates_what_the_random_init_generated(tmp_path, capsys):
     engine = Engine.load("tiny-v4.1", seed=4)
     save_checkpoint(engine.model, tmp_path / "ckpt")

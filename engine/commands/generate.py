@@ -17,7 +17,7 @@ from .arg_checks import (
     check_seed,
     check_threads,
 )
-from .run_args import apply_threads
+from .run_args import DTYPES, apply_threads
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 HELP = "generate text from a prompt (random-init or checkpoint weights), optionally writing a trace"
@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-lens", action="store_true",
                         help="also record the logit lens (each layer's top tokens) and the residual-stream RMS")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="weights and activations (default float32); bfloat16 computes as the reference does, "
+                             "rounding to bf16 where it does and keeping in fp32 what it keeps in fp32 (the head)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: small decode steps are many tiny ops, and extra "
                              "threads slow them down, badly so on a busy machine)")
@@ -116,8 +119,9 @@ def generate_text(args: argparse.Namespace) -> int:
         if reason is not None:
             raise InputError(f"--kernels triton on {args.device}: {reason}")
         options = EngineOptions(kernels="triton")
+    import torch
     engine = Engine.load(model_args, None if args.random_init else args.checkpoint, seed=args.seed,
-                         device=args.device, options=options)
+                         device=args.device, dtype=getattr(torch, args.dtype), options=options)
     dspark = None
     if args.dspark:
         if not engine.args.has_dspark:
@@ -130,7 +134,8 @@ def generate_text(args: argparse.Namespace) -> int:
                       meta={"config": engine.args.name, "weights": engine.source, "prompt": args.prompt,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                             "repetition_penalty": args.repetition_penalty, "no_repeat_ngram": args.no_repeat_ngram,
-                            "seed": args.seed, "dspark": args.schedule if args.dspark else "off",
+                            "seed": args.seed, "dtype": args.dtype,
+                            "dspark": args.schedule if args.dspark else "off",
                             # the model's sizes, so a replay or a Compare diff needs no loaded model (V4's
                             # hash-routed layers among them); the keys v41viz.inspect.trace_model reads
                             "n_routed_experts": engine.args.n_routed_experts,

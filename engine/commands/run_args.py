@@ -1,10 +1,13 @@
-"""Options shared by commands: options derived from a config dataclass, run control (train, train_drafter), threads."""
+"""Options shared by commands: options derived from a config dataclass, run control (train, train_drafter), threads,
+dtypes."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
 from .arg_checks import check_seed, check_threads
+
+DTYPES = ("float32", "bfloat16")   # --dtype of generate and bench
 
 
 def add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
