@@ -7,6 +7,7 @@ import json
 from ..spec.errors import InputError
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
 from .run_args import DTYPES, apply_threads
+
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
 
 

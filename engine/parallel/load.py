@@ -17,7 +17,7 @@ from .shard import shard_model
 from .world import World, join_world
 
 
-@torch.inference_mode(False)   # parameters with version counters, as the speed paths need (speedups.apply.track_versions)
+@torch.inference_mode(False)   # ordinary tensors, whose version counters the speed paths read (track_versions)
 def build_shard(args: ModelArgs, world: World, *, checkpoint: str | Path | None = None, token_map=None,
                 seed: int = 0, dtype: torch.dtype = torch.float32, options=None) -> Transformer:
     """This rank's shard of the model `args` describes, in eval mode, on world.device.
