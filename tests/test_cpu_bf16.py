@@ -185,3 +185,49 @@ def test_the_grouped_output_projection_reads_an_fp32_copy_in_bf16(monkeypatch, t
     assert ("wo_a:fp32" in entries) == (not native or tokens * wo_a.numel() <= cpu_bf16.COPY_MAX_MACS)
     assert "wo_a:fp32" not in entries or entries["wo_a:fp32"][2].dtype == torch.float32
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6 * want.float().abs().mean().item())
+
+
+def compiled_graphs(fn, *args):
+    """fn(*args) through torch.compile with a backend that keeps each traced FX graph and runs it as traced."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        return torch.compile(fn, backend=keep, fullgraph=True)(*args), graphs
+    finally:
+        torch._dynamo.reset()
+
+
+def weights_converted_in(graphs, w: torch.Tensor) -> list[str]:
+    """The graphs' nodes that compute an fp32 tensor of w's shape (the weight converted on every call)."""
+    return [str(node) for gm in graphs for node in gm.graph.nodes if node.op not in ("placeholder", "get_attr")
+            and isinstance(value := node.meta.get("example_value"), torch.Tensor)
+            and value.dtype == torch.float32 and value.shape == w.shape]
+
+
+@pytest.mark.parametrize("made_first", [False, True], ids=["no-copy-yet", "copy-made-eagerly"])
+def test_compiled_one_row_bf16_products_never_convert_their_weights_in_the_graph(made_first):
+    """A copy made while tracing would be traced as a conversion of the whole weight, run by the compiled graph on
+    every call; compiled code reads the fp32 copies that exist (as the eager calls before it made them) and
+    otherwise the bf16 weight with torch's bf16 kernel. Both equal the bf16 kernel up to summation order."""
+    ref, fast = pair("v4.1", torch.bfloat16)
+    layer, attn = fast.layers[0].attn.wq_b, fast.layers[0].attn
+    x = torch.randn(1, 1, layer.in_features).bfloat16()
+    o = torch.randn(1, 1, ref.args.n_heads, ref.args.head_dim).bfloat16()
+    with torch.no_grad():
+        layer(x), attn.grouped_output(o)                           # eager calls: they make the copies
+        want = F.linear(x, layer.weight), attn.grouped_output(o)
+        if not made_first:
+            del layer.__dict__["_derived"], attn.__dict__["_derived"]
+        (got, got_o), graphs = compiled_graphs(lambda x, o: (layer(x), attn.grouped_output(o)), x, o)
+    assert graphs, "nothing was traced"
+    assert layer.__dict__["_derived"].has("weight:fp32") == made_first
+    assert attn.__dict__["_derived"].has("wo_a:fp32") == made_first
+    assert weights_converted_in(graphs, layer.weight) == []
+    assert weights_converted_in(graphs, attn.wo_a.weight.view(attn.groups, attn.o_rank, -1).transpose(1, 2)) == []
+    exact = F.linear(x.double(), layer.weight.double())
+    assert_one_rounding_apart(got.view(1, -1), want[0].view(1, -1), exact.view(1, -1))
+    torch.testing.assert_close(got_o.float(), want[1].float(), rtol=2 ** -7, atol=1e-6)

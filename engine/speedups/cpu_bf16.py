@@ -7,7 +7,9 @@ kernel call has a fixed cost several times that of a small fp32 product, while l
 instructions run several times faster in bf16 (`scripts/bench_cpu_bf16.py` times the four ways on this machine). A
 larger weight keeps the bf16 kernel, except that a product of several rows on a CPU without bf16 matrix instructions
 widens both operands for that call. Either way the products are exact in fp32 (every bf16 value is) and summed in
-fp32, as torch's bf16 kernels sum them, then rounded once to bf16: equal to the bf16 kernel up to summation order."""
+fp32, as torch's bf16 kernels sum them, then rounded once to bf16: equal to the bf16 kernel up to summation order.
+Code being compiled reads only the copies that already exist (copy_made): one made while tracing would be a
+conversion of the whole weight inside the compiled graph, on every call."""
 from __future__ import annotations
 
 import functools
@@ -57,6 +59,13 @@ def fp32_copy(owner: torch.nn.Module, name: str, w: torch.Tensor, layout=lambda 
     return derived(owner).get(name, (w,), lambda: layout(w).float())
 
 
+def copy_made(owner: torch.nn.Module, name: str) -> bool:
+    """Whether owner's fp32 copy `name` may be read here: in eager code always (it is made on first use); in code
+    being compiled only if it already exists, since a copy made while tracing becomes a conversion of the whole
+    weight inside the compiled graph, run on every call (the graph then reads the weight in its own dtype)."""
+    return not torch.compiler.is_compiling() or derived(owner).has(name)
+
+
 def widens(x: torch.Tensor, w: torch.Tensor) -> bool:
     """x [..., K] @ w in fp32 for this call: both bf16 on a CPU without bf16 matrix instructions, x with at least 2
     rows."""
@@ -68,7 +77,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, owner: torch.nn.Module | None = Non
     """F.linear(x, w) (x [..., K], w [N, K]) in w's dtype, as Linear computes it (x cast to w's dtype first); in
     fp32 where that is faster: through owner's resident copy of w (resident), or widened for this call (widens)."""
     x = cast(x, w.dtype)
-    if owner is not None and through_fp32_copy(x.numel() // max(x.size(-1), 1), w):
+    if (owner is not None and through_fp32_copy(x.numel() // max(x.size(-1), 1), w)
+            and copy_made(owner, "weight:fp32")):
         return F.linear(x.float(), fp32_copy(owner, "weight:fp32", w)).to(w.dtype)
     return F.linear(x.float(), w.float()).to(x.dtype) if widens(x, w) else F.linear(x, w)
 

@@ -18,6 +18,10 @@ class DerivedWeights:
         # name → (weak references to the sources, their (storage, version) stamps, the derived value)
         self._entries: dict[str, tuple[list[weakref.ref], list[tuple[int, int]], object]] = {}
 
+    def has(self, name: str) -> bool:
+        """Whether a value named `name` was made (current or not)."""
+        return name in self._entries
+
     def get(self, name: str, sources: tuple[torch.Tensor, ...], build: Callable[[], object]):
         """The value `build()` made from `sources`, rebuilt only when one of them changed. This runs on every
         decode call, for up to a few dozen sources: hence the plain list comparisons."""

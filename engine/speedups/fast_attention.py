@@ -8,7 +8,7 @@ from ..model.attention import Attention
 from ..model.context import ForwardContext
 from .call_values import call_rows, call_width, every_visible_row, own_positions, ring_slots
 from .casts import cast
-from .cpu_bf16 import fp32_copy, through_fp32_copy
+from .cpu_bf16 import copy_made, fp32_copy, through_fp32_copy
 from .derived import derived
 from .fast_indexer import FastIndexer
 from .fast_linear import FastLinear
@@ -77,7 +77,7 @@ class FastAttention(Attention):
         first copy it once per token). A small bf16 weight on the CPU is read from an fp32 copy (cpu_bf16)."""
         B, S = o.shape[:2]
         G, w = self.groups, self.wo_a.weight
-        if through_fp32_copy(B * S, w):
+        if through_fp32_copy(B * S, w) and copy_made(self, "wo_a:fp32"):
             wo_a = fp32_copy(self, "wo_a:fp32", w, self._by_groups)                  # [G, H·D/G, r]
         else:
             wo_a = derived(self).get("wo_a", (w,), lambda: self._by_groups(w))
