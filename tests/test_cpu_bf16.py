@@ -208,11 +208,15 @@ def weights_converted_in(graphs, w: torch.Tensor) -> list[str]:
             and value.dtype == torch.float32 and value.shape == w.shape]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-instructions", "no-bf16-instructions"])
 @pytest.mark.parametrize("made_first", [False, True], ids=["no-copy-yet", "copy-made-eagerly"])
-def test_compiled_one_row_bf16_products_never_convert_their_weights_in_the_graph(made_first):
-    """A copy made while tracing would be traced as a conversion of the whole weight, run by the compiled graph on
-    every call; compiled code reads the fp32 copies that exist (as the eager calls before it made them) and
-    otherwise the bf16 weight with torch's bf16 kernel. Both equal the bf16 kernel up to summation order."""
+def test_compiled_one_row_bf16_products_convert_their_weights_in_the_graph_only_without_bf16_instructions(
+        monkeypatch, made_first, native):
+    """A copy made while tracing is traced as a conversion of the whole weight, run by the compiled graph on every
+    call. On a CPU with bf16 instructions compiled code reads the fp32 copies that exist (as the eager calls before
+    it made them) and otherwise the bf16 weight with torch's bf16 kernel; without them it keeps the conversion
+    (the product widened). All equal the bf16 kernel up to summation order."""
+    monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: native)
     ref, fast = pair("v4.1", torch.bfloat16)
     layer, attn = fast.layers[0].attn.wq_b, fast.layers[0].attn
     x = torch.randn(1, 1, layer.in_features).bfloat16()
@@ -224,10 +228,12 @@ def test_compiled_one_row_bf16_products_never_convert_their_weights_in_the_graph
             del layer.__dict__["_derived"], attn.__dict__["_derived"]
         (got, got_o), graphs = compiled_graphs(lambda x, o: (layer(x), attn.grouped_output(o)), x, o)
     assert graphs, "nothing was traced"
-    assert layer.__dict__["_derived"].has("weight:fp32") == made_first
-    assert attn.__dict__["_derived"].has("wo_a:fp32") == made_first
-    assert weights_converted_in(graphs, layer.weight) == []
-    assert weights_converted_in(graphs, attn.wo_a.weight.view(attn.groups, attn.o_rank, -1).transpose(1, 2)) == []
+    converts = not native and not made_first
+    assert layer.__dict__["_derived"].has("weight:fp32") == (made_first or converts)
+    assert attn.__dict__["_derived"].has("wo_a:fp32") == (made_first or converts)
+    assert bool(weights_converted_in(graphs, layer.weight)) == converts
+    wo_a = attn.wo_a.weight.view(attn.groups, attn.o_rank, -1).transpose(1, 2)
+    assert bool(weights_converted_in(graphs, wo_a)) == converts
     exact = F.linear(x.double(), layer.weight.double())
     assert_one_rounding_apart(got.view(1, -1), want[0].view(1, -1), exact.view(1, -1))
     torch.testing.assert_close(got_o.float(), want[1].float(), rtol=2 ** -7, atol=1e-6)

@@ -8,8 +8,8 @@ instructions run several times faster in bf16 (`scripts/bench_cpu_bf16.py` times
 larger weight keeps the bf16 kernel, except that a product of several rows on a CPU without bf16 matrix instructions
 widens both operands for that call. Either way the products are exact in fp32 (every bf16 value is) and summed in
 fp32, as torch's bf16 kernels sum them, then rounded once to bf16: equal to the bf16 kernel up to summation order.
-Code being compiled reads only the copies that already exist (copy_made): one made while tracing would be a
-conversion of the whole weight inside the compiled graph, on every call."""
+Code being compiled on a CPU with bf16 instructions reads only the copies that already exist (copy_made): one made
+while tracing would be a conversion of the whole weight inside the compiled graph, on every call."""
 from __future__ import annotations
 
 import functools
@@ -61,9 +61,11 @@ def fp32_copy(owner: torch.nn.Module, name: str, w: torch.Tensor, layout=lambda 
 
 def copy_made(owner: torch.nn.Module, name: str) -> bool:
     """Whether owner's fp32 copy `name` may be read here: in eager code always (it is made on first use); in code
-    being compiled only if it already exists, since a copy made while tracing becomes a conversion of the whole
-    weight inside the compiled graph, run on every call (the graph then reads the weight in its own dtype)."""
-    return not torch.compiler.is_compiling() or derived(owner).has(name)
+    being compiled on a CPU with bf16 matrix instructions only if it already exists, since a copy made while
+    tracing becomes a conversion of the whole weight inside the compiled graph, run on every call (the graph then
+    reads the weight in bf16 with torch's kernel). Without those instructions that kernel is the slower way, and the
+    graph keeps the conversion, which is the product widened."""
+    return not torch.compiler.is_compiling() or not native_bf16_matmul() or derived(owner).has(name)
 
 
 def widens(x: torch.Tensor, w: torch.Tensor) -> bool:
