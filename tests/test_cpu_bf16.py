@@ -219,8 +219,9 @@ def test_compiled_one_row_bf16_products_convert_their_weights_in_the_graph_only_
     monkeypatch.setattr(cpu_bf16, "native_bf16_matmul", lambda: native)
     ref, fast = pair("v4.1", torch.bfloat16)
     layer, attn = fast.layers[0].attn.wq_b, fast.layers[0].attn
-    x = torch.randn(1, 1, layer.in_features).bfloat16()
-    o = torch.randn(1, 1, ref.args.n_heads, ref.args.head_dim).bfloat16()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 1, layer.in_features, generator=g).bfloat16()
+    o = torch.randn(1, 1, ref.args.n_heads, ref.args.head_dim, generator=g).bfloat16()
     with torch.no_grad():
         layer(x), attn.grouped_output(o)                           # eager calls: they make the copies
         want = F.linear(x, layer.weight), attn.grouped_output(o)
