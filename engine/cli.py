@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(chosen if chosen in COMMANDS else None).parse_args(argv)
     try:
-        return args.run(args) or 0
+        code = args.run(args) or 0
     except EngineError as e:  # bad input; anything else is a bug and keeps its traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -42,3 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a file the user named could not be read or written (disk full, permissions, ...)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if code == 0:
+        _leave_world()
+    return code
+
+
+def _leave_world() -> None:
+    """After a command that succeeded under torchrun: end this rank's process groups before the interpreter exits
+    (engine.parallel.leave_world). Left to the interpreter's teardown, gloo's threads can abort a rank whose work
+    is done (exit code -6: "terminate called without an active exception"), and torchrun then reports the run as
+    failed. A failed command exits as it is (a peer may still be inside a collective with this rank). Nothing to
+    do, and no torch imported, where torch.distributed never was."""
+    if "torch.distributed" in sys.modules:
+        from .parallel.world import leave_world
+        leave_world()

@@ -40,3 +40,28 @@ def test_a_bug_is_not_dressed_up_as_bad_input(monkeypatch, exc):
 def test_a_real_bad_argument_still_exits_2(capsys):
     assert cli.main(["info", "no-such-preset"]) == 2
     assert "neither a config file nor a preset" in capsys.readouterr().err
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    """A one-rank gloo process group in this process, as torchrun's ranks hold one; destroyed afterwards if the
+    test left it."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_command_that_succeeds_ends_the_process_groups_before_the_interpreter_does(process_group, capsys):
+    """Left to the interpreter's teardown, gloo's threads can abort a finished rank (exit code -6), and torchrun
+    then reports a successful run as failed."""
+    assert cli.main(["info", "tiny-v4.1"]) == 0
+    assert capsys.readouterr().out.startswith("tiny-v4.1: family v4.1")
+    assert not process_group.is_initialized()
+
+
+def test_a_command_that_fails_leaves_the_process_groups_to_the_launcher(process_group, monkeypatch, capsys):
+    """A failing rank does not tear down its group in the middle of a run its peers may still be waiting in."""
+    assert run_with(monkeypatch, InputError("bad prompt")) == 2
+    assert process_group.is_initialized()
