@@ -1,4 +1,5 @@
-"""The CLI turns the engine's own errors into `error: ...` and exit 2, and lets every other exception through."""
+"""The CLI turns the engine's own errors into `error: ...` and exit 2, and lets every other exception through; after a
+command that succeeds it ends the process groups of a torchrun rank."""
 from __future__ import annotations
 
 import pytest
