@@ -45,7 +45,7 @@ def watch(model: str) -> None:
         return
     # One Stop: Streamlit's own top-bar Stop would end this watching, not the generation; the page's Stop ends it.
     st.html(f"<style>{STATUS_STOP} {{display: none}}</style>")
-    st.button("Stop", key="inspect_stop", icon=":material/stop_circle:", on_click=background.stop, args=(run,),
+    st.button("Stop", key="inspect_stop", icon=":material/stop_circle:", on_click=_stop_here, args=(run,),
               help="stops after the current token; the panels show what was generated so far")
     status, progress = st.empty(), st.empty()
     text = st.container(key="inspect_stream", border=True).empty()
@@ -60,6 +60,15 @@ def watch(model: str) -> None:
             text.html(literal_text_html(run.prompt, run.text))
         time.sleep(POLL_S)
     st.rerun()
+
+
+def _stop_here(run: LiveRun) -> None:
+    """The page's Stop: end the run after its current step. The user saw it end on this page; the rerun that the
+    click starts cuts the watching loop short before it notes the end, which would otherwise read as a run that
+    finished while the user was on another page."""
+    background.stop(run)
+    if not run.active:
+        run.end_seen = True
 
 
 def _progress(run: LiveRun) -> tuple[float, str]:
