@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def generate_text(args: argparse.Namespace) -> int:
+    import torch
+
     from ..generation import DSparkConfig, Engine
     from ..parallel.world import is_main_process
     from ..trace import Trace, TraceBudget
@@ -119,7 +121,6 @@ def generate_text(args: argparse.Namespace) -> int:
         if reason is not None:
             raise InputError(f"--kernels triton on {args.device}: {reason}")
         options = EngineOptions(kernels="triton")
-    import torch
     engine = Engine.load(model_args, None if args.random_init else args.checkpoint, seed=args.seed,
                          device=args.device, dtype=getattr(torch, args.dtype), options=options)
     dspark = None

@@ -90,7 +90,7 @@ class LiveRun:
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     stopped_by: str = ""               # "you" when the Stop button ended it
     shown_running: bool = False        # a page has shown it while it ran (still_watched)
-    end_seen: bool = False             # a page was showing it when it ended (still_watched)
+    end_seen: bool = False             # a page was showing it when it ended (still_watched, or its Stop)
     finished_at: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False, compare=False)  # a background run's
 
