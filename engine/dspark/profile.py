@@ -43,9 +43,9 @@ def table_path(model, cache_dir: Path | str = CACHE_DIR) -> Path:
 
 
 def code_digest() -> str:
-    """sha256 (16 hex digits) of the engine sources in TIMED_CODE."""
+    """sha256 (16 hex digits) of the engine sources (Python and C++) in TIMED_CODE."""
     h = hashlib.sha256()
-    for path in sorted(p for d in TIMED_CODE for p in (ENGINE / d).rglob("*.py")):
+    for path in sorted(p for d in TIMED_CODE for ext in ("*.py", "*.cpp") for p in (ENGINE / d).rglob(ext)):
         h.update(str(path.relative_to(ENGINE)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

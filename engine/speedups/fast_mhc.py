@@ -1,4 +1,4 @@
-"""mHC seams in fewer ops: one fused mixes step, a Python-float Sinkhorn for few tokens, collapse/expand as matmuls."""
+"""mHC seams in fewer ops: one fused mixes step, a C++ (or Python-float) Sinkhorn for few tokens, collapse/expand as matmuls."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cpu_seam
 from .casts import cast
 from .derived import derived
 from .sinkhorn import fast_sinkhorn, scalar_sinkhorn
@@ -40,8 +41,8 @@ SITE_PARAMS = {site: tuple(f"hc_{site}_{k}" for k in ("fn", "scale", "base")) fo
 def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
     """xf [B, S, hc, D] (fp32, or float64) → the site's Seam: engine.model.mhc.hc_mixes up to float rounding.
     The RMS statistic scales the input instead of the projection (F.rms_norm, one op) and scale and base act on
-    the whole mixes vector at once; for a few tokens on the CPU everything after the projection runs on Python
-    floats (RMS factors, sigmoids and the unrolled Sinkhorn), packed back into one tensor."""
+    the whole mixes vector at once; for a few tokens on the CPU everything after the projection (RMS factors,
+    sigmoids, the Sinkhorn) runs token by token in double precision (_few_tokens), packed back into one tensor."""
     B, S, hc, D = xf.shape
     fn, scale, base = (block._parameters[name] for name in SITE_PARAMS[site])
     flat = xf.view(B, S, hc * D)                                              # [B, S, hc·D]
@@ -61,24 +62,38 @@ def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
 
 def _few_tokens(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) -> Seam:
     """seam_mixes for a few tokens (a decode step, a DSpark verify block): the projection and the inputs' norms
-    as two ops, read once, the rest on Python floats token by token (a 4×4 Sinkhorn costs ~30 µs so, against
-    ~120 numpy or torch ops for any number of tokens); one tensor back holding every pre, then every mix."""
+    as two ops, then the rest in double precision token by token, in the C++ kernel of engine.kernels.cpu_seam
+    where it was built, else on Python floats (_python_floats; the same operations in the same order, so the
+    same bits); one tensor back holding every pre, then every mix."""
     B, S, width = flat.shape
+    norms = torch.linalg.vector_norm(flat, dim=-1).view(-1)                 # [B·S]
+    mixes = F.linear(flat, fn).view(B * S, -1)                                # [B·S, 2hc + hc²], before the RMS factor
+    kernel = cpu_seam.loaded()
+    if kernel is not None:
+        s, b = derived(block).get(f"{site}.float64", (scale, base), lambda: (scale.double(), base.double()))
+        packed = kernel.seam_mixes(mixes, norms, s, b, hc, width, block.iters, block.hc_eps, block.norm_eps)
+    else:
+        packed = _python_floats(block, mixes, norms, scale, base, site, hc, width)
+    n = B * S * hc
+    return Seam(packed[:n].view(B, S, hc), packed[n:].view(B, S, hc, hc + 1))
+
+
+def _python_floats(block, mixes: torch.Tensor, norms: torch.Tensor, scale, base, site: str, hc: int,
+                   width: int) -> torch.Tensor:
+    """The kernel's work on Python floats: mixes [N, 2hc + hc²], norms [N] → [N·hc pre, then N·hc·(hc + 1) mix]
+    in mixes' dtype (a 4×4 Sinkhorn costs ~12 µs so, against ~120 numpy or torch ops for any number of
+    tokens)."""
     s_pre, s_post, s_comb, b = derived(block).get(f"{site}.lists", (scale, base), lambda: (*scale.tolist(),
                                                                                            base.tolist()))
-    norms = torch.linalg.vector_norm(flat, dim=-1).view(-1).tolist()        # [B·S]
-    mixes = F.linear(flat, fn).view(B * S, -1).tolist()                       # [B·S][2hc + hc²], before the RMS factor
     eps, sinkhorn = block.hc_eps, scalar_sinkhorn(hc)
     pre, mix = [], []
-    for norm, m in zip(norms, mixes):
+    for norm, m in zip(norms.tolist(), mixes.tolist()):
         r = 1.0 / math.sqrt(norm * norm / width + block.norm_eps)            # rsqrt(mean(x²) + eps)
         pre += [_sigmoid(m[i] * r * s_pre + b[i]) + eps for i in range(hc)]
         post = [2 * _sigmoid(m[i] * r * s_post + b[i]) for i in range(hc, 2 * hc)]
         comb = sinkhorn([m[i] * r * s_comb + b[i] for i in range(2 * hc, 2 * hc + hc * hc)], block.iters, eps)
         mix += [v for e in range(hc) for v in (*comb[e::hc], post[e])]       # row e: column e of comb, then post_e
-    packed = torch.frombuffer(array("d" if flat.dtype == torch.float64 else "f", pre + mix), dtype=flat.dtype)
-    n = B * S * hc
-    return Seam(packed[:n].view(B, S, hc), packed[n:].view(B, S, hc, hc + 1))
+    return torch.frombuffer(array("d" if mixes.dtype == torch.float64 else "f", pre + mix), dtype=mixes.dtype)
 
 
 def _sigmoid(v: float) -> float:
