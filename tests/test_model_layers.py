@@ -119,8 +119,11 @@ def test_moe_gathered_and_dense_paths_equal_sorted_prefill_path(model):
         a = moe.gathered_experts(x.view(-1, x.size(-1)), w, ids)
         b = MoE.routed_experts(moe, x.view(-1, x.size(-1)), w, ids)          # the reference: sorted by expert
         c = moe.dense_experts(x.view(-1, x.size(-1)), w, ids)
+        with_shared = moe.dense_experts(x.view(-1, x.size(-1)), w, ids, shared=True)
+        shared = moe.shared_experts(x.view(-1, x.size(-1)))
     torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(c, b, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(with_shared, b + shared, atol=1e-12, rtol=1e-12)
     with torch.no_grad():  # changing an expert's weight in place rebuilds the dense matrices
         moe.experts[int(ids[0, 0])].w2.weight.mul_(2)
         torch.testing.assert_close(moe.dense_experts(x.view(-1, x.size(-1)), w, ids),

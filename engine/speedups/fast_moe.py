@@ -35,8 +35,9 @@ class FastMoE(MoE):
     stack (the shared expert last, weight 1): on the CPU grouped by expert, each expert's slices read in place
     (sorted_pairs); elsewhere gathered into two batched matmuls, which needs no host read. routed_experts picks
     a path per call: with autograd on, the reference (sorted); few pairs gather; more run every expert densely
-    in small models (unless their inputs are FP8-quantized, which the dense matmul would skip), gather under
-    sync_free(), and else take the reference's sorted loop. The stacks are copies of the experts' parameters
+    in small models (unless their inputs are FP8-quantized, which the dense matmul would skip; forward puts the
+    shared expert into the same two matmuls), gather under sync_free(), and else take the reference's sorted
+    loop. The stacks are copies of the experts' parameters
     (engine.speedups.fused_experts), which stay the state dict."""
 
     stacks: ExpertStacks
@@ -56,8 +57,9 @@ class FastMoE(MoE):
                 steer: torch.Tensor | None = None):
         N = x.numel() // x.size(-1)
         by_expert = x.device.type == "cpu" and not sync_free_active()
-        if (not (self.gathers(N) or by_expert and self.sorts(N))
-                or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
+        pairs = self.gathers(N) or by_expert and self.sorts(N)
+        dense = not pairs and self.dense_ok and not self.experts[0].w1.act_quant
+        if (not (pairs or dense) or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
                 or not self._shared_stacks_with_routed() or (steer is not None and self.hash_routed)):
             return super().forward(x, vision, tokens, steer)
         # the router takes any leading shape: weights, ids and scores come out [B, S, k] as MoE.forward returns them
@@ -65,6 +67,9 @@ class FastMoE(MoE):
             weights, ids, scores = self.gate(x, tokens)
         else:
             weights, ids, scores = self.gate(x, vision, steer)   # steer: interventions' banned / forced experts
+        if dense:
+            y = self.dense_experts(x.view(N, -1), weights.view(N, -1), ids.view(N, -1), shared=True)
+            return cast(y, x.dtype).view(x.shape), (weights, ids, scores)
         # the shared expert is expert E of the stack, chosen by every token with weight 1 (h · 1 = h exactly)
         pick = F.pad(ids, (0, 1), value=self.n_experts).view(-1)                      # [N·(k + 1)], token-major
         pair_weights = F.pad(weights, (0, 1), value=1.0).view(-1, 1)
@@ -199,15 +204,20 @@ class FastMoE(MoE):
             y = torch.empty_like(y).index_copy_(0, order, y)                  # token-major again
         return upcast(y).view(N, k, -1).sum(1)
 
-    def dense_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def dense_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                      shared: bool = False) -> torch.Tensor:
         """Small models: every expert on every token, the router's weights scattered over [N, E] (0 = unchosen),
-        so y = Σ_chosen w_e · W2_e · swiglu(W1_e x, W3_e x) in one up and one down matmul."""
-        N, E = x.size(0), self.n_experts
+        so y = Σ_chosen w_e · W2_e · swiglu(W1_e x, W3_e x) in one up and one down matmul; `shared`: the shared
+        expert too, as stack entry E with weight 1 (its output joins the sum inside the down matmul)."""
+        N = x.size(0)
+        E = self.n_experts + int(shared)
         w13, w2t = self.fused_for(N * E)                                      # one product over all E experts
         inter = w2t.size(1)
         gu = linear(self._stack_input(x, w13), w13[:E].view(-1, w13.size(-1)))
         gu = upcast(self._rounded(gu)).view(N, E, 2, inter)                      # [N, E, 2, inter]
         dense_w = torch.zeros(N, E, dtype=weights.dtype, device=x.device).scatter_(1, ids, weights)
+        if shared:
+            dense_w[:, -1] = 1.0
         h = swiglu(gu[:, :, 0], gu[:, :, 1], self.limit, dense_w.unsqueeze(-1))   # [N, E, inter]
         h = cast(cast(h, self.fused_experts.param_dtype), w2t.dtype).reshape(N, -1)
         return upcast(self._rounded(mm(h, w2t[:E].view(E * inter, -1))))     # [N, dim]
