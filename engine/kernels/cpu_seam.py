@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def load():
         return None
     try:
         from torch.utils.cpp_extension import load as build
+        _find_ninja()
         module = build(NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
     except Exception as e:  # no compiler, no ninja, an unwritable cache: the Python path stays
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [repr(e)]
@@ -41,6 +43,17 @@ def load():
         return None
     _state["module"], _state["reason"] = module, None
     return module
+
+
+def _find_ninja() -> None:
+    """torch runs `ninja` from PATH; a virtual environment that is not activated has the pip package's binary
+    (requirements.txt) outside it: put its folder on this process's PATH when PATH has no ninja."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def loaded():
