@@ -27,7 +27,8 @@ def model():
 @pytest.mark.parametrize("steps", [[1, 2, 1], [3, 9, 7, 1, 5, 6]], ids=["short", "past-the-ring"])
 def test_deferred_taps_catch_up_to_the_rings_of_step_by_step_appends(model, steps):
     """Taps deferred over several plain steps (more than the ring's slots in the second case, whose oldest are
-    dropped) leave the rings, positions and restorable margin exactly as appending them one step at a time."""
+    dropped) leave the rings, positions and restorable margin as appending them one step at a time (the rows equal
+    up to rounding: assert_same_rings)."""
     tokens = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         _, taps = model(tokens, logits="last")                               # [2, 40, n_taps·dim]
@@ -45,12 +46,22 @@ def test_deferred_taps_catch_up_to_the_rings_of_step_by_step_appends(model, step
         assert lazy.deferred == {} and torch.equal(lazy.pos, eager.pos)
         assert torch.equal(lazy.high_water, eager.high_water)
         for row in (0, 1):
-            want, got = eager.live_state(row), lazy.live_state(row)
-            assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+            assert_same_rings(eager.live_state(row), lazy.live_state(row))
         for rings in (eager, lazy):   # the last margin positions stay restorable
             rings.rollback(torch.tensor([max(at - 12, 4), at - 3]), torch.tensor([0, 1]))
-        assert all(torch.equal(eager.live_state(r)[k], lazy.live_state(r)[k]) for r in (0, 1)
-                   for k in eager.live_state(r))
+        for row in (0, 1):
+            assert_same_rings(eager.live_state(row), lazy.live_state(row))
+
+
+def assert_same_rings(want: dict, got: dict) -> None:
+    """The same positions, and the same ring rows up to rounding: a catch-up computes a stretch's rows in one call,
+    the step-by-step appends in several, and matrix products over different row counts may sum in another order;
+    the rows' FP8 rounding absorbs nearly all of that, but a value on a rounding boundary moves by one FP8 step."""
+    assert want.keys() == got.keys() and torch.equal(want["pos"], got["pos"])
+    for key in want.keys() - {"pos"}:
+        assert want[key].shape == got[key].shape, key
+        torch.testing.assert_close(got[key], want[key], rtol=0.125, atol=0, msg=key)   # e4m3: 3 mantissa bits
+        assert (got[key] != want[key]).float().mean() <= 0.01, key
 
 
 def test_a_run_with_plain_steps_equals_plain_decoding(model):
