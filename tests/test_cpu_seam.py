@@ -103,10 +103,14 @@ def decode_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_model_decodes_the_same_bits_with_the_kernel_and_on_python_floats(dtype, monkeypatch):
     model = tiny_model(dtype)
-    assert cpu_seam.loaded() is kernel()            # preparing a CPU model loaded it
     tokens = torch.randint(3, 500, (1, 16), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = kernel()
+    monkeypatch.setattr(cpu_seam, "load", lambda: calls.append(1) or real)
     with_kernel = decode_logits(model, tokens)
-    monkeypatch.setitem(cpu_seam._state, "module", None)
+    forwards = 2 + tokens.size(1) - 11                   # the prefill, the block, then one token at a time
+    assert len(calls) == forwards * 2 * model.args.n_layers   # every layer's two seams in every forward
+    monkeypatch.setattr(cpu_seam, "load", lambda: None)
     assert torch.equal(decode_logits(model, tokens), with_kernel)
 
 
@@ -117,7 +121,6 @@ def test_a_failed_build_warns_with_its_reason_and_the_python_path_runs(monkeypat
         raise RuntimeError("Error building extension 'v41viz_cpu_seam'\nc++: not found")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    monkeypatch.setattr(cpu_seam, "_state", {"module": None, "reason": "not loaded yet"})
     cpu_seam.load.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -127,7 +130,6 @@ def test_a_failed_build_warns_with_its_reason_and_the_python_path_runs(monkeypat
         assert cpu_seam.unavailable_reason() == reason
         assert any(f"could not be built ({reason})" in str(w.message) for w in caught)
         model = tiny_model()
-        assert cpu_seam.loaded() is None
         logits = decode_logits(model, torch.randint(3, 500, (1, 13), generator=torch.Generator().manual_seed(2)))
         assert logits.isfinite().all()
     finally:
@@ -136,7 +138,6 @@ def test_a_failed_build_warns_with_its_reason_and_the_python_path_runs(monkeypat
 
 def test_the_kernel_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("V41VIZ_CPU_KERNELS", "0")
-    monkeypatch.setattr(cpu_seam, "_state", {"module": None, "reason": "not loaded yet"})
     cpu_seam.load.cache_clear()
     try:
         assert cpu_seam.load() is None

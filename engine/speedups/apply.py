@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import cpu_seam
 from ..model.attention import Attention
 from ..model.block import Block
 from ..model.compressor import Compressor
@@ -71,13 +70,9 @@ def apply_speedups(model: nn.Module) -> nn.Module:
     sorted experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op, the
     head is read in fp32 without a per-step conversion, the drafter's attention and Markov head take the few-token
     forms of a decode step (FAST_CLASSES); every block's Sinkhorn runs in numpy on the CPU, or for a few tokens in
-    the C++ kernel of engine.kernels.cpu_seam, loaded (built once per machine) here for a model on the CPU. Same
-    parameters and state dict, same results up to float rounding, same trace calls; with autograd on, the
-    reference code runs. Idempotent; returns `model`."""
+    the C++ kernel of engine.kernels.cpu_seam. Same parameters and state dict, same results up to float rounding,
+    same trace calls; with autograd on, the reference code runs. Idempotent; returns `model`."""
     track_versions(model)
-    first = next(model.parameters(), None)
-    if first is not None and first.device.type in ("cpu", "meta"):   # meta: a shard about to be loaded on the CPU
-        cpu_seam.load()
     for module in model.modules():
         if type(module) is MoE:
             FastMoE.adopt(module)

@@ -1,4 +1,5 @@
-"""mHC seams in fewer ops: one fused mixes step, a C++ (or Python-float) Sinkhorn for few tokens, collapse/expand as matmuls."""
+"""mHC seams in fewer ops: one fused mixes step, a C++ (or Python-float) Sinkhorn for few tokens, collapse and expand
+as matmuls."""
 from __future__ import annotations
 
 import math
@@ -63,12 +64,12 @@ def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
 def _few_tokens(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) -> Seam:
     """seam_mixes for a few tokens (a decode step, a DSpark verify block): the projection and the inputs' norms
     as two ops, then the rest in double precision token by token, in the C++ kernel of engine.kernels.cpu_seam
-    where it was built, else on Python floats (_python_floats; the same operations in the same order, so the
+    where it builds, else on Python floats (_python_floats; the same operations in the same order, so the
     same bits); one tensor back holding every pre, then every mix."""
     B, S, width = flat.shape
     norms = torch.linalg.vector_norm(flat, dim=-1).view(-1)                 # [B·S]
     mixes = F.linear(flat, fn).view(B * S, -1)                                # [B·S, 2hc + hc²], before the RMS factor
-    kernel = cpu_seam.loaded()
+    kernel = cpu_seam.load()                                                  # built or loaded on first use
     if kernel is not None:
         s, b = derived(block).get(f"{site}.float64", (scale, base), lambda: (scale.double(), base.double()))
         packed = kernel.seam_mixes(mixes, norms, s, b, hc, width, block.iters, block.hc_eps, block.norm_eps)

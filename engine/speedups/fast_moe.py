@@ -37,8 +37,8 @@ class FastMoE(MoE):
     a path per call: with autograd on, the reference (sorted); few pairs gather; more run every expert densely
     in small models (unless their inputs are FP8-quantized, which the dense matmul would skip; forward puts the
     shared expert into the same two matmuls), gather under sync_free(), and else take the reference's sorted
-    loop. The stacks are copies of the experts' parameters
-    (engine.speedups.fused_experts), which stay the state dict."""
+    loop. The stacks are copies of the experts' parameters (engine.speedups.fused_experts), which stay the state
+    dict."""
 
     stacks: ExpertStacks
     dense_ok: bool
