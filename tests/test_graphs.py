@@ -391,6 +391,41 @@ def test_sampled_dspark_with_graphs_draws_the_same_random_numbers(spec_model):
     assert graphed.graphed_forwards == graphed.target_forwards
 
 
+def test_a_compiled_decoders_first_step_is_set_apart_only_when_dynamo_compiles(monkeypatch):
+    """GraphedDecoder.built marks the steps a run leaves out of its timings. Compiled bodies are the model's, shared
+    by every decoder: a new decoder's first step of a bucket is slow only if dynamo compiles a graph for it (its
+    counter moves), so the next run's first steps are timed; without compile the first step of a bucket is the
+    layout (a capture on CUDA), always set apart. (The body runs eagerly here: no compile, only the rule.)"""
+    from engine.graphs import decoder as decoder_module
+    compiled = [0]
+    monkeypatch.setattr(decoder_module, "compiled_body", lambda model: decode_body)
+    monkeypatch.setattr(decoder_module, "graphs_compiled", lambda: compiled[0])
+    model = tiny_model()
+    prompts = _prompts()
+    with torch.inference_mode():
+        firsts = []
+        for compiles_now in (True, False):
+            cache = model.new_cache(len(prompts) + 1, 64)
+            nxt = _prefill(model, cache, prompts)
+            decoder = GraphedDecoder(model, cache, scratch_row=len(prompts), compile=True)
+            real = decoder._run
+
+            def run(st, real=real, compiles_now=compiles_now):
+                real(st)
+                compiled[0] += int(compiles_now and not firsts)    # dynamo compiles on the first run's first step
+            monkeypatch.setattr(decoder, "_run", run)
+            decoder.step(nxt, list(range(len(prompts))))
+            firsts.append(decoder.built)
+            decoder.step(nxt, list(range(len(prompts))))
+            assert not decoder.built                                # the bucket's later steps: never
+        assert firsts == [True, False]
+        eager = GraphedDecoder(model, model.new_cache(2, 64), scratch_row=1, capture=False)
+        eager.step(torch.tensor([[5]]), [0])
+        assert eager.built                                          # a layout run, as before
+        eager.step(torch.tensor([[6]]), [0])
+        assert not eager.built
+
+
 def test_compiled_dspark_equals_eager_without_graph_breaks(spec_model):
     """generate_speculative(compiled=True): the verify blocks and the drafts through torch.compile decide every step
     as the eager run does (float64: no rounding can tie two logits), and dynamo traces both bodies whole — a graph

@@ -63,6 +63,13 @@ def _compiled_for(model, body):
     return fn
 
 
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process so far (its own counter; a load from inductor's disk
+    cache counts too): a call that raises it compiled, and took longer than its later calls will."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
 def _prepare_dynamo() -> None:
     """Silences inductor's notice about the complex RoPE factors, and lets dynamo keep more compiled graphs per body
     than its default 8 (past the limit it would run the body eagerly, slowly): a body gets one per batch bucket,

@@ -8,7 +8,7 @@ from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
-from .compiled_body import compiled_body
+from .compiled_body import compiled_body, graphs_compiled
 from .decode_body import decode_body
 from .replay_mode import capture_for, scratch_row_for
 from .static_inputs import DecodeInputs
@@ -71,7 +71,7 @@ class GraphedDecoder:
             raise InputError(f"logits must be 'last' or 'all', got {logits!r}")
         self.tokens_per_row, self.logits_mode, self.return_taps = tokens_per_row, logits, return_taps
         self._buckets: dict[tuple[int, tuple[frozenset, frozenset] | None], _Bucket] = {}
-        self.built = False   # the last step ran its bucket for the first time (layout, capture or compile: slower)
+        self.built = False   # the last step laid out its bucket (a capture, a compile, a trace layout: slower)
         roles = model.args.roles[: model.args.n_layers]
         # attention path → ratio of the compressed rows its index list points into (for the trace's top-k width)
         self._topk_ratio = {f"{r.path}.attn": cache.ratio[r.kv_source] for r in roles if r.ratio}
@@ -115,8 +115,12 @@ class GraphedDecoder:
             inputs = DecodeInputs(model, key[0], self.scratch_row, S, self.logits_mode, self.return_taps)
             st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(*key[1]))
         st.inputs.fill(tokens, start, rows, engram)
-        self.built = not st.laid_out
+        first, compiles = not st.laid_out, self._compiles(st)
+        compiled_before = graphs_compiled() if compiles else 0
         self._run(st)
+        # a compiled body's first run of a bucket is slower only where dynamo compiles (its graphs are the model's,
+        # shared by every decoder); a capture or a trace buffers' layout always is
+        self.built = graphs_compiled() > compiled_before if compiles else first
         cache.advance(rows, S)
         if trace is not None:
             shown = positions[:, :k]                                                  # [n, k]
@@ -124,9 +128,13 @@ class GraphedDecoder:
         taps = st.inputs.taps[:n].clone() if self.return_taps else None
         return ForwardOutput(st.inputs.logits[:n].clone(), taps)
 
+    def _compiles(self, st: _Bucket) -> bool:
+        """Whether this bucket's steps run the compiled body (a traced step runs the eager body)."""
+        return self.compiled is not None and st.sink is None
+
     def _run(self, st: _Bucket) -> None:
         def body():
-            run = decode_body if self.compiled is None or st.sink is not None else self.compiled
+            run = self.compiled if self._compiles(st) else decode_body
             run(self.model, self.cache, st.inputs, st.sink)
 
         if st.graph is not None:

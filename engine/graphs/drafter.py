@@ -8,7 +8,7 @@ from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
-from .compiled_body import compiled_draft_body
+from .compiled_body import compiled_draft_body, graphs_compiled
 from .draft_body import DraftInputs, draft_body
 from .replay_mode import capture_for, scratch_row_for
 from .trace_buffers import TraceBuffers
@@ -53,7 +53,7 @@ class GraphedDrafter:
             build_expert_stacks(self.model.mtp)
         self.warmup, self.min_bucket = warmup, bucket_for(min_bucket)
         self._buckets: dict[tuple[int, bool, bool], _DraftBucket] = {}
-        self.built = False   # the last draft ran its bucket for the first time (layout, capture or compile: slower)
+        self.built = False   # the last draft laid out its bucket (a capture, a compile, a trace layout: slower)
 
     @property
     def captured(self) -> list[int]:
@@ -81,8 +81,11 @@ class GraphedDrafter:
             inputs = DraftInputs(model, key[0], self.scratch_row, rings.window)
             st = self._buckets[key] = _DraftBucket(inputs, TraceBuffers() if trace is not None else None, key[1])
         st.inputs.fill(anchors, start, rows, rings.ring_index(rows))
-        self.built = not st.laid_out
+        first, compiles = not st.laid_out, self._compiles(st)
+        compiled_before = graphs_compiled() if compiles else 0
         self._run(st)
+        # as GraphedDecoder.step: a compiled body's first run of a bucket is slower only where dynamo compiles
+        self.built = graphs_compiled() > compiled_before if compiles else first
         if trace is not None:
             st.sink.emit(trace, rows, start.unsqueeze(1) + torch.arange(G), n)        # positions [n, γ]
         inp = st.inputs
@@ -92,9 +95,13 @@ class GraphedDrafter:
         tokens, q, z = markov_drafts(model.mtp[-1], inp.base[:n], inp.hidden[:n], inp.ids[:n, 0], params, generators)
         return Draft(tokens.cpu(), q, z.float().cpu())
 
+    def _compiles(self, st: _DraftBucket) -> bool:
+        """Whether this bucket's drafts run the compiled body (a traced draft runs the eager body)."""
+        return self.compiled is not None and st.sink is None
+
     def _run(self, st: _DraftBucket) -> None:
         def body():
-            run = draft_body if self.compiled is None or st.sink is not None else self.compiled
+            run = self.compiled if self._compiles(st) else draft_body
             run(self.model, self.rings, st.inputs, st.sink, st.greedy)
 
         if st.graph is not None:
