@@ -95,7 +95,8 @@ def decode_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """A 5-token prefill, a 6-token block (a verify's width), then one token at a time."""
     cache = model.new_cache(1, tokens.size(1) + 1)
     with torch.inference_mode():
-        out = [model(tokens[:, :5], cache, logits="all").logits[0], model(tokens[:, 5:11], cache, logits="all").logits[0]]
+        out = [model(tokens[:, :5], cache, logits="all").logits[0],
+               model(tokens[:, 5:11], cache, logits="all").logits[0]]
         out += [model(tokens[:, i:i + 1], cache).logits for i in range(11, tokens.size(1))]
     return torch.cat(out)
 

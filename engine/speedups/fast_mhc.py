@@ -68,7 +68,7 @@ def _few_tokens(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) 
     same bits); one tensor back holding every pre, then every mix."""
     B, S, width = flat.shape
     norms = torch.linalg.vector_norm(flat, dim=-1).view(-1)                 # [B·S]
-    mixes = F.linear(flat, fn).view(B * S, -1)                                # [B·S, 2hc + hc²], before the RMS factor
+    mixes = F.linear(flat, fn).view(B * S, -1)                               # [B·S, 2hc + hc²], before the RMS factor
     kernel = cpu_seam.load()                                                  # built or loaded on first use
     if kernel is not None:
         s, b = derived(block).get(f"{site}.float64", (scale, base), lambda: (scale.double(), base.double()))
