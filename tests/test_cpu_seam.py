@@ -22,7 +22,7 @@ def kernel():
     return module
 
 
-def fake_block(hc: int, iters: int = 20):
+def fake_block(iters: int = 20):
     """What _few_tokens reads of a block."""
     return types.SimpleNamespace(iters=iters, hc_eps=1e-6, norm_eps=1e-20)
 
@@ -42,7 +42,7 @@ def test_kernel_gives_the_python_float_paths_bits(dtype, hc):
     module, g = kernel(), torch.Generator().manual_seed(hc)
     for n in (1, 2, 6, 8):
         for iters in (1, 2, 20):
-            block = fake_block(hc, iters)
+            block = fake_block(iters)
             mixes, norms, scale, base, width = seam_inputs(n, hc, dtype, g)
             want = fast_mhc._python_floats(block, mixes, norms, scale, base, "attn", hc, width)
             got = module.seam_mixes(mixes, norms, scale.double(), base.double(), hc, width, iters, block.hc_eps,
@@ -58,7 +58,7 @@ def test_kernel_matches_python_at_extreme_and_non_finite_inputs():
     g = torch.Generator().manual_seed(3)
     mixes, norms, scale, base, width = seam_inputs(4, hc, torch.float32, g, spread=400.0)
     mixes[2, 9] = float("nan")
-    block = fake_block(hc)
+    block = fake_block()
     want = fast_mhc._python_floats(block, mixes, norms, scale, base, "ffn", hc, width)
     got = module.seam_mixes(mixes, norms, scale.double(), base.double(), hc, width, 20, 1e-6, 1e-20)
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
