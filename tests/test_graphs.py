@@ -426,6 +426,32 @@ def test_a_compiled_decoders_first_step_is_set_apart_only_when_dynamo_compiles(m
         assert not eager.built
 
 
+def test_a_compiled_drafters_first_draft_is_set_apart_only_when_dynamo_compiles(spec_model, monkeypatch):
+    """GraphedDrafter.built follows the decoder's rule (the test above): with compile, a new drafter's first draft
+    of a bucket is set apart only if dynamo's counter moves; without, the first draft of a bucket always is."""
+    from engine.graphs import GraphedDrafter
+    from engine.graphs import drafter as drafter_module
+    from engine.graphs.draft_body import draft_body
+    from engine.model.sampling import SamplingParams
+    compiled = [0]
+    monkeypatch.setattr(drafter_module, "compiled_draft_body", lambda model: draft_body)
+    monkeypatch.setattr(drafter_module, "graphs_compiled", lambda: compiled[0])
+    built = []
+    with torch.inference_mode():
+        for compiles_now in (True, False, None):                  # None: no compile
+            drafter = GraphedDrafter(spec_model, _draft_state(spec_model, 1, True), compile=compiles_now is not None)
+            real = drafter._run
+
+            def run(st, real=real, compiles_now=compiles_now):
+                real(st)
+                compiled[0] += int(bool(compiles_now))
+            monkeypatch.setattr(drafter, "_run", run)
+            for _ in range(2):
+                drafter.draft([0], torch.tensor([3]), SamplingParams(), [None])
+                built.append(drafter.built)
+    assert built == [True, True, False, False, True, False]
+
+
 def test_compiled_dspark_equals_eager_without_graph_breaks(spec_model):
     """generate_speculative(compiled=True): the verify blocks and the drafts through torch.compile decide every step
     as the eager run does (float64: no rounding can tie two logits), and dynamo traces both bodies whole — a graph
