@@ -42,7 +42,7 @@ class ExpertParallelMoE(FastMoE):
         """x [N, dim], global weights and ids [N, k] → Σ over the pairs routed to this rank's experts [N, dim] fp32."""
         local = ids - self.first
         mine = (local >= 0) & (local < self.n_experts)
-        if self.dense_ok and not self.experts[0].w1.act_quant and not torch.is_grad_enabled():
+        if self.runs_densely() and not torch.is_grad_enabled():
             # small models: every local expert on every token; pairs routed elsewhere land in a spare column
             spare = torch.where(mine, local, self.n_experts)
             dense_w = weights.new_zeros(x.size(0), self.n_experts + 1).scatter_add_(1, spare, weights)

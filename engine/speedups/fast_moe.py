@@ -58,7 +58,7 @@ class FastMoE(MoE):
         N = x.numel() // x.size(-1)
         by_expert = x.device.type == "cpu" and not sync_free_active()
         pairs = self.gathers(N) or by_expert and self.sorts(N)
-        dense = not pairs and self.dense_ok and not self.experts[0].w1.act_quant
+        dense = not pairs and self.runs_densely()
         if (not (pairs or dense) or (torch.is_grad_enabled() and self.gate.weight.requires_grad)
                 or not self._shared_stacks_with_routed() or (steer is not None and self.hash_routed)):
             return super().forward(x, vision, tokens, steer)
@@ -79,6 +79,11 @@ class FastMoE(MoE):
             y = self.gathered_pairs(x.view(N, -1), pair_weights, pick, N)
         return cast(y, x.dtype).view(x.shape), (weights, ids, scores)
 
+    def runs_densely(self) -> bool:
+        """Whether calls beyond the gathered and by-expert sizes run every expert on every token: small experts
+        (dense_ok) whose inputs are not FP8-quantized, a rounding the dense matmul would skip."""
+        return self.dense_ok and not self.experts[0].w1.act_quant
+
     def gathers(self, n_tokens: int) -> bool:
         """Whether a call of n_tokens gathers its experts' weights: when its (token, slot) pairs are at most the
         experts (the reference's rule), and for small models only while the copies (written, then read) cost
@@ -86,7 +91,7 @@ class FastMoE(MoE):
         pairs = n_tokens * self.topk
         if torch.compiler.is_compiling():  # compiled code: gathering stays cheaper than every expert on every token
             return n_tokens * (self.topk + 1) <= 2 * (self.n_experts + 1)
-        if self.dense_ok and not self.experts[0].w1.act_quant:
+        if self.runs_densely():
             return 2 * n_tokens * (self.topk + 1) <= self.n_experts + 1
         return pairs <= self.n_experts
 
@@ -101,7 +106,7 @@ class FastMoE(MoE):
             return super().routed_experts(x, weights, ids)
         if self.gathers(x.size(0)):
             return self.gathered_experts(x, weights, ids)
-        if self.dense_ok and not self.experts[0].w1.act_quant:
+        if self.runs_densely():
             return self.dense_experts(x, weights, ids)
         if sync_free_active():
             return self.gathered_experts(x, weights, ids)
