@@ -396,10 +396,11 @@ def test_a_compiled_decoders_first_step_is_set_apart_only_when_dynamo_compiles(m
     by every decoder: a new decoder's first step of a bucket is slow only if dynamo compiles a graph for it (its
     counter moves), so the next run's first steps are timed; without compile the first step of a bucket is the
     layout (a capture on CUDA), always set apart. (The body runs eagerly here: no compile, only the rule.)"""
+    from engine.graphs import compiled_body as compiled_module
     from engine.graphs import decoder as decoder_module
     compiled = [0]
     monkeypatch.setattr(decoder_module, "compiled_body", lambda model: decode_body)
-    monkeypatch.setattr(decoder_module, "graphs_compiled", lambda: compiled[0])
+    monkeypatch.setattr(compiled_module, "graphs_compiled", lambda: compiled[0])
     model = tiny_model()
     prompts = _prompts()
     with torch.inference_mode():
@@ -430,12 +431,13 @@ def test_a_compiled_drafters_first_draft_is_set_apart_only_when_dynamo_compiles(
     """GraphedDrafter.built follows the decoder's rule (the test above): with compile, a new drafter's first draft
     of a bucket is set apart only if dynamo's counter moves; without, the first draft of a bucket always is."""
     from engine.graphs import GraphedDrafter
+    from engine.graphs import compiled_body as compiled_module
     from engine.graphs import drafter as drafter_module
     from engine.graphs.draft_body import draft_body
     from engine.model.sampling import SamplingParams
     compiled = [0]
     monkeypatch.setattr(drafter_module, "compiled_draft_body", lambda model: draft_body)
-    monkeypatch.setattr(drafter_module, "graphs_compiled", lambda: compiled[0])
+    monkeypatch.setattr(compiled_module, "graphs_compiled", lambda: compiled[0])
     built = []
     with torch.inference_mode():
         for compiles_now in (True, False, None):                  # None: no compile

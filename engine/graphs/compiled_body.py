@@ -70,6 +70,17 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def ran_slowly(run, compiles: bool, first: bool) -> bool:
+    """Run one graphed step (`run()`) and say whether it was slower than the bucket's later steps will be, so that
+    a run leaves it out of its timings. A step through a compiled body (`compiles`) was slower only if dynamo
+    compiled a graph during it: the graphs are the model's, shared by every decoder and drafter, so a new one's
+    first step of a bucket is as fast as any. Otherwise the bucket's `first` step was (a capture, a trace buffers'
+    layout)."""
+    before = graphs_compiled() if compiles else 0
+    run()
+    return graphs_compiled() > before if compiles else first
+
+
 def _prepare_dynamo() -> None:
     """Silences inductor's notice about the complex RoPE factors, and lets dynamo keep more compiled graphs per body
     than its default 8 (past the limit it would run the body eagerly, slowly): a body gets one per batch bucket,

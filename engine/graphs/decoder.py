@@ -8,7 +8,7 @@ from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
-from .compiled_body import compiled_body, graphs_compiled
+from .compiled_body import compiled_body, ran_slowly
 from .decode_body import decode_body
 from .replay_mode import capture_for, scratch_row_for
 from .static_inputs import DecodeInputs
@@ -115,12 +115,7 @@ class GraphedDecoder:
             inputs = DecodeInputs(model, key[0], self.scratch_row, S, self.logits_mode, self.return_taps)
             st = self._buckets[key] = _Bucket(inputs, None if trace is None else TraceBuffers(*key[1]))
         st.inputs.fill(tokens, start, rows, engram)
-        first, compiles = not st.laid_out, self._compiles(st)
-        compiled_before = graphs_compiled() if compiles else 0
-        self._run(st)
-        # a compiled body's first run of a bucket is slower only where dynamo compiles (its graphs are the model's,
-        # shared by every decoder); a capture or a trace buffers' layout always is
-        self.built = graphs_compiled() > compiled_before if compiles else first
+        self.built = ran_slowly(lambda: self._run(st), self._compiles(st), not st.laid_out)
         cache.advance(rows, S)
         if trace is not None:
             shown = positions[:, :k]                                                  # [n, k]

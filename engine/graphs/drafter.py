@@ -8,7 +8,7 @@ from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
-from .compiled_body import compiled_draft_body, graphs_compiled
+from .compiled_body import compiled_draft_body, ran_slowly
 from .draft_body import DraftInputs, draft_body
 from .replay_mode import capture_for, scratch_row_for
 from .trace_buffers import TraceBuffers
@@ -81,11 +81,7 @@ class GraphedDrafter:
             inputs = DraftInputs(model, key[0], self.scratch_row, rings.window)
             st = self._buckets[key] = _DraftBucket(inputs, TraceBuffers() if trace is not None else None, key[1])
         st.inputs.fill(anchors, start, rows, rings.ring_index(rows))
-        first, compiles = not st.laid_out, self._compiles(st)
-        compiled_before = graphs_compiled() if compiles else 0
-        self._run(st)
-        # as GraphedDecoder.step: a compiled body's first run of a bucket is slower only where dynamo compiles
-        self.built = graphs_compiled() > compiled_before if compiles else first
+        self.built = ran_slowly(lambda: self._run(st), self._compiles(st), not st.laid_out)
         if trace is not None:
             st.sink.emit(trace, rows, start.unsqueeze(1) + torch.arange(G), n)        # positions [n, γ]
         inp = st.inputs
