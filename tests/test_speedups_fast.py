@@ -147,19 +147,26 @@ def test_fused_experts_follow_weight_changes():
     assert any(type(m) is FastMoE for m in fast.modules())
 
 
-def test_fp32_head_copy_is_made_once_and_follows_the_head():
+@pytest.mark.parametrize("rows", [1, 5, 12])
+def test_fp32_head_copy_is_made_once_and_follows_the_head(rows):
+    """A bf16 head's logits come from one fp32 copy, transposed on the CPU for calls of every size (decode, a verify
+    block, a prefill's rows): made once, equal to the reference's per-call conversion up to summation order, and
+    rebuilt when the head changes."""
     ref, fast = pair("v4.1", torch.bfloat16)
-    x = torch.randn(2, ref.args.dim, dtype=torch.bfloat16)
+    x = torch.randn(rows, ref.args.dim, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert torch.equal(fast.vocab_logits(x), ref.vocab_logits(x))
-        first = fast.head.__dict__["_derived"]._entries["weight"][2]
+        torch.testing.assert_close(fast.vocab_logits(x), ref.vocab_logits(x), atol=1e-5, rtol=1e-5)
+        entries = fast.head.__dict__["_derived"]._entries
+        first = entries["weight_t"][2]
+        assert first.dtype == torch.float32 and first.shape == (ref.args.dim, ref.args.vocab_size)
         fast.vocab_logits(x)
-        assert fast.head.__dict__["_derived"]._entries["weight"][2] is first     # no per-call conversion
+        assert entries["weight_t"][2] is first and set(entries) == {"weight_t"}   # no per-call conversion
     with torch.no_grad():
         for m in (ref, fast):
             m.head.weight.mul_(2)
     with torch.inference_mode():
-        assert torch.equal(fast.vocab_logits(x), ref.vocab_logits(x))
+        torch.testing.assert_close(fast.vocab_logits(x), ref.vocab_logits(x), atol=1e-5, rtol=1e-5)
+        assert entries["weight_t"][2] is not first
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)

@@ -104,10 +104,11 @@ def test_moe_pairs_by_expert_equal_the_reference(n_tokens):
     torch.testing.assert_close(gathered.view_as(want), want, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 9])
-def test_few_row_head_equals_the_reference(rows):
-    ref, fast = models("v4.1", torch.float32)
-    x = torch.randn(1, rows, ref.args.dim, generator=torch.Generator().manual_seed(rows))
+def test_few_row_head_equals_the_reference(rows, dtype):
+    ref, fast = models("v4.1", dtype)
+    x = torch.randn(1, rows, ref.args.dim, generator=torch.Generator().manual_seed(rows)).to(dtype)
     with torch.inference_mode():
         want, got = ref.vocab_logits(x), fast.vocab_logits(x)
     assert got.shape == want.shape == (1, rows, V)

@@ -13,15 +13,16 @@ from .fast_linear import FastLinear
 # On the CPU, an fp32 (or float64) head's calls of at most this many rows (decode, a DSpark verify block or draft)
 # read a transposed copy [dim, V], a few rows per matmul: MKL's x @ Wᵀ over the [V, dim] head runs 3-6× slower
 # for one to three rows, and its many-row kernel as slow from four rows on (measured on a 2-core AMD EPYC at
-# V = 13,886). Equal to F.linear up to float rounding (another summation order).
+# V = 13,886). A bf16 head's fp32 copy is kept transposed for all its calls on the CPU (one copy, not two). Equal
+# to F.linear up to float rounding (another summation order).
 FEW_ROWS, ROWS_PER_MATMUL = 8, 3
 
 
 class FastTransformer(Transformer):
     """Transformer.vocab_logits computes the logits in fp32 (the reference keeps its head in fp32); a bf16 model
     would convert its [V, dim] head on every step (at a 129k vocabulary most of a small model's decode step).
-    Here the fp32 copy is made once and rebuilt only when the head changes: the same logits, bit for bit. An
-    fp32 head's few-row calls on the CPU read a transposed copy instead (FEW_ROWS)."""
+    Here the fp32 copy is made once and rebuilt only when the head changes: on a GPU the same logits, bit for bit;
+    on the CPU the copy is transposed (FEW_ROWS), as an fp32 head's few-row calls read theirs."""
 
     def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.head
@@ -29,14 +30,16 @@ class FastTransformer(Transformer):
         if type(head) not in (Linear, FastLinear) or (torch.is_grad_enabled() and head.weight.requires_grad):
             return super().vocab_logits(x)
         rows = x.numel() // x.size(-1)
-        if head.weight.dtype == out_dtype:
-            if rows > FEW_ROWS or x.device.type != "cpu":
-                return super().vocab_logits(x)
-            w_t = derived(head).get("weight_t", (head.weight,), lambda: head.weight.t().contiguous())   # [dim, V]
-            flat = cast(x.reshape(rows, -1), out_dtype)                             # [rows, dim]
-            if rows <= ROWS_PER_MATMUL:
-                return (flat @ w_t).view(*x.shape[:-1], -1)
-            out = torch.cat([flat[i:i + ROWS_PER_MATMUL] @ w_t for i in range(0, rows, ROWS_PER_MATMUL)])
-            return out.view(*x.shape[:-1], -1)                                      # [..., V]
-        weight = derived(head).get("weight", (head.weight,), lambda: head.weight.to(out_dtype))
-        return F.linear(cast(x, out_dtype), weight)
+        few = rows <= FEW_ROWS and x.device.type == "cpu"
+        if head.weight.dtype == out_dtype and not few:
+            return super().vocab_logits(x)
+        if x.device.type != "cpu":
+            weight = derived(head).get("weight", (head.weight,), lambda: head.weight.to(out_dtype))
+            return F.linear(cast(x, out_dtype), weight)
+        # the CPU: a transposed copy (a bf16 head's only copy, whatever the rows)
+        w_t = derived(head).get("weight_t", (head.weight,), lambda: head.weight.t().to(out_dtype).contiguous())
+        flat = cast(x.reshape(rows, -1), out_dtype)                                 # [rows, dim]; w_t [dim, V]
+        if not few or rows <= ROWS_PER_MATMUL:
+            return (flat @ w_t).view(*x.shape[:-1], -1)
+        out = torch.cat([flat[i:i + ROWS_PER_MATMUL] @ w_t for i in range(0, rows, ROWS_PER_MATMUL)])
+        return out.view(*x.shape[:-1], -1)                                          # [..., V]
