@@ -238,3 +238,18 @@ def test_compiled_one_row_bf16_products_convert_their_weights_in_the_graph_only_
     exact = F.linear(x.double(), layer.weight.double())
     assert_one_rounding_apart(got.view(1, -1), want[0].view(1, -1), exact.view(1, -1))
     torch.testing.assert_close(got_o.float(), want[1].float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_compiled_bf16_code_reads_the_instruction_probe_without_a_graph_break():
+    """The real probe, not a stub: dynamo cannot trace torch's CPU-feature probe, so code being compiled must read
+    a value probed before. A graph break there split a compiled bf16 decode body into per-module pieces (and
+    those broke on the Engram layers' tables of different sizes); fullgraph=True turns such a break into an
+    error."""
+    ref, fast = pair("v4.1", torch.bfloat16)
+    layer = fast.layers[0].attn.wq_b
+    x = torch.randn(1, 1, layer.in_features, generator=torch.Generator().manual_seed(8)).bfloat16()
+    with torch.no_grad():
+        want = layer(x)
+        got, graphs = compiled_graphs(lambda x: (layer(x), cpu_bf16.native_bf16_matmul()), x)
+    assert graphs and got[1] == cpu_bf16._probe_bf16_matmul()
+    torch.testing.assert_close(got[0].float(), want.float(), rtol=2 ** -7, atol=1e-6)

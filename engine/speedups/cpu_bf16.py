@@ -12,8 +12,6 @@ Code being compiled on a CPU with bf16 instructions reads only the copies that a
 while tracing would be a conversion of the whole weight inside the compiled graph, on every call."""
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -28,12 +26,21 @@ RESIDENT_MAX_ELEMENTS = 1 << 20
 COPY_MAX_MACS = 1 << 20
 
 
-@functools.cache
-def native_bf16_matmul() -> bool:
-    """Whether this CPU has bf16 matrix instructions (torch's own probe; assumed present where torch has none)."""
+def _probe_bf16_matmul() -> bool:
+    """torch's own probe of bf16 matrix instructions (assumed present where torch has none)."""
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     probes = [probe for probe in probes if probe is not None]
     return not probes or any(probe() for probe in probes)
+
+
+# probed once, at import: code being compiled reads the constant, whereas dynamo cannot trace torch's probe (a
+# graph break that splits a compiled decode body into pieces) and traces through functools.cache
+NATIVE_BF16_MATMUL = _probe_bf16_matmul()
+
+
+def native_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 matrix instructions."""
+    return NATIVE_BF16_MATMUL
 
 
 def resident(w: torch.Tensor) -> bool:
