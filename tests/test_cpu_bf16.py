@@ -245,7 +245,7 @@ def test_compiled_bf16_code_reads_the_instruction_probe_without_a_graph_break():
     a value probed before. A graph break there split a compiled bf16 decode body into per-module pieces (and
     those broke on the Engram layers' tables of different sizes); fullgraph=True turns such a break into an
     error."""
-    ref, fast = pair("v4.1", torch.bfloat16)
+    _, fast = pair("v4.1", torch.bfloat16)
     layer = fast.layers[0].attn.wq_b
     x = torch.randn(1, 1, layer.in_features, generator=torch.Generator().manual_seed(8)).bfloat16()
     with torch.no_grad():
