@@ -1,7 +1,8 @@
-"""DSpark against plain decoding on the shipped model at T = 0: per held-out prompt, tokens/s ratios, accepted length.
+"""DSpark against plain decoding on the shipped model: per held-out prompt, tokens/s ratios, accepted length.
 
     .venv/bin/python scripts/bench_dspark.py [--repeats 5] [--new-tokens 64] [--prompts 8] [--threads 1]
-        [--checkpoint checkpoints/default] [--data data/shakespeare] [--compile] [--json OUT]
+        [--temperature 0] [--repetition-penalty 1] [--checkpoint checkpoints/default] [--data data/shakespeare]
+        [--compile] [--json OUT]
 
 The prompts are the model card's (engine.training.card_prompts: speech openings spread evenly over the held-out works
 of the prepared corpus, which no training step saw). One process, one thread: every repeat runs each prompt in the
@@ -13,6 +14,12 @@ included, alike in every mode) in this thread's CPU seconds, which other work on
 The auto schedule's table is this machine's, profiled on first use (engine.dspark.profile). The load average is
 printed before and after: other work on the machine slows every mode, but not alike (a DSpark step reads more
 weights), so compare ratios measured at similar loads.
+
+At T = 0 (the default) every mode must give the same tokens (the `identical` column). --temperature T samples, with
+the repeat's number as the seed in every mode: DSpark keeps the target's distribution but not its tokens, so the
+modes decode different text (the column reads `no` by design) and a prompt's ratios vary with what each mode drew;
+the repeats draw other text, which their median averages over. --repetition-penalty P decodes under that penalty in every mode
+(lossless too: at T = 0 the outputs stay identical).
 
 --compile runs every mode's decode steps through torch.compile (plain steps; DSpark's verify blocks, drafts and the
 auto schedule's plain steps): the ratios then compare compiled DSpark with compiled plain decoding. The warm-up
@@ -42,11 +49,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every mode (seed 0)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="every mode's repetition penalty (1 = off)")
     p.add_argument("--compile", action="store_true", help="every mode through torch.compile (see above)")
     p.add_argument("--json", help="also write the per-run numbers to this file")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.new_tokens < 2 or args.prompts < 1 or args.threads < 1:
         p.error("--repeats, --prompts and --threads must be at least 1, --new-tokens at least 2")
+    if not (0 <= args.temperature < float("inf")) or not (0 < args.repetition_penalty < float("inf")):
+        p.error("--temperature must be a finite number of at least 0, --repetition-penalty a finite positive one")
     return args
 
 
@@ -67,9 +78,11 @@ def held_out_prompts(engine, data: Path, count: int) -> list[str]:
     return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count)
 
 
-def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False) -> dict:
+def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False,
+        sampling: dict | None = None, seed: int = 0) -> dict:
     cpu = time.thread_time()
-    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled)
+    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled,
+                          seed=seed, **(sampling or {}))
     out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
     if mode != "plain":
         m = res.metrics
@@ -77,7 +90,7 @@ def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compi
     return out
 
 
-def table(prompts: list[str], runs: list[dict]) -> list[str]:
+def table(prompts: list[str], runs: list[dict], sampled: bool = False) -> list[str]:
     def spread(xs):
         return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
 
@@ -101,7 +114,7 @@ def table(prompts: list[str], runs: list[dict]) -> list[str]:
         lines.append(f"| {prompt.replace(chr(10), ' ')} | {plain:.1f} | "
                      f"{' | '.join(spread(got[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} | "
                      f"{accepted[0]:.2f} / {accepted[1]:.2f} | {steps[0]} of {sum(steps)} | "
-                     f"{'yes' if same else 'NO'} |")
+                     f"{'yes' if same else 'no (sampled)' if sampled else 'NO'} |")
     lines.append(f"| all prompts | | {' | '.join(spread(every[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} "
                  "| | | |")
     return lines
@@ -123,22 +136,25 @@ def main(argv=None) -> int:
     configs = {"plain": None, "auto": DSparkConfig.from_settings("auto", model=engine.model),
                "all": DSparkConfig("all")}
     ids = [engine.encode_prompt(p) for p in prompts]
+    sampling = {"temperature": args.temperature, "repetition_penalty": args.repetition_penalty}
     for mode in MODES if args.compile else ("auto", "plain"):       # warm-up: every path once (compiled: every graph)
-        run(engine, ids[0], mode, configs, args.new_tokens if args.compile else 8, args.compile)
+        run(engine, ids[0], mode, configs, args.new_tokens if args.compile else 8, args.compile, sampling)
     for prompt_ids in ids[1:] if args.compile else ():              # the auto schedule's plain steps, if it takes any
-        run(engine, prompt_ids, "auto", configs, args.new_tokens, True)
+        run(engine, prompt_ids, "auto", configs, args.new_tokens, True, sampling)
     load_before, t0 = os.getloadavg(), time.perf_counter()
     runs = []
     for rep in range(args.repeats):
         for i, prompt_ids in enumerate(ids):
             order = MODES[rep % 3:] + MODES[:rep % 3]
             runs.append({"repeat": rep, "prompt": i,
-                         **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens, args.compile)
+                         **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens, args.compile, sampling,
+                                                seed=rep)
                             for mode in order}})
             print(f"\rrepeat {rep + 1}/{args.repeats}, prompt {i + 1}/{len(ids)}", end="", file=sys.stderr)
     print(file=sys.stderr)
     load_after = os.getloadavg()
-    print(f"DSpark vs plain decoding, T = 0, {args.new_tokens} new tokens, {args.repeats} interleaved repeats, "
+    penalty = f", repetition penalty {args.repetition_penalty:g}" if args.repetition_penalty != 1 else ""
+    print(f"DSpark vs plain decoding, T = {args.temperature:g}{penalty}, {args.new_tokens} new tokens, {args.repeats} interleaved repeats, "
           f"{args.checkpoint}{', every mode compiled (torch.compile)' if args.compile else ''}; "
           f"{machine_description('cpu')}, torch {torch.__version__}, {args.threads} thread(s); "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({time.perf_counter() - t0:.0f} s)")
@@ -147,7 +163,7 @@ def main(argv=None) -> int:
     print(f"auto's table ({table_path(engine.model)}, CPU time): a verify forward of 1..{gamma + 1} tokens "
           f"{', '.join(f'{1000 / sps(s):.1f}' for s in range(1, gamma + 2))} ms, a draft step "
           f"{1000 * sps.draft_cost(1):.1f} ms")
-    print("\n".join(table(prompts, runs)))
+    print("\n".join(table(prompts, runs, sampled=args.temperature > 0)))
     if args.json:
         Path(args.json).write_text(json.dumps({"prompts": prompts, "runs": runs, "load_average": [load_before,
                                                                                                   load_after]}))

@@ -213,6 +213,21 @@ def test_streaming_callback_sees_every_token_in_order(model):
         assert [c[3] for c in mine] == list(range(len(prompt), len(prompt) + 3))
 
 
+def test_a_decode_step_is_timed_with_its_token_choice_and_without_the_callers_callback(model, monkeypatch):
+    """decode_s counts what every decoding step does, the draw included (as a DSpark step's time counts its
+    verifier's), so that DSpark's tokens/s compare like for like; the caller's on_token is not decoding."""
+    import time
+
+    import engine.generation.plain as plain
+    real = plain.probabilities
+    monkeypatch.setattr(plain, "probabilities", lambda *a: time.sleep(0.05) or real(*a))
+    res = generate(model, [PROMPTS[0]], max_new_tokens=4, temperature=1.0, seed=0, stop_tokens=(),
+                   on_token=lambda row, tok, info: time.sleep(0.3))
+    assert len(res.step_times) == 3 and res.decode_s == pytest.approx(sum(res.step_times))
+    assert all(t >= 0.05 for t in res.step_times)                  # each step's draw, which plain.generate times
+    assert res.decode_s < 3 * 0.3                                  # the callbacks (4 × 0.3 s) are not decode
+
+
 def test_prompt_errors_and_the_sequence_limit():
     small = build(max_seq_len=8)
     with pytest.raises(ValueError, match="prompt 1 is empty"):

@@ -89,20 +89,24 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
     logits = torch.cat(last_logits)  # [n, V]
     times = last_time
     for step in range(max_new_tokens):
+        # a step's time: choosing the tokens (the check, the history rules, the draw, the host read) and the forward
+        # that follows; a DSpark step's time covers its verifier's choice too, so both clocks count the same work
+        t0 = time.perf_counter()
         check_finite_logits(logits, lambda i: f"at step {step} (row {active[i]}, choosing the token at position "
                                               f"{len(prompts[active[i]]) + len(result.tokens[active[i]])})")
         scores = apply_history_rules(logits, [prompts[r] + result.tokens[r] for r in active], params) \
             if params.uses_history else logits                                 # [A, V]
         if params.greedy:
-            chosen, probs = scores.argmax(-1), [1.0] * len(active)
+            chosen, probs = scores.argmax(-1).tolist(), [1.0] * len(active)
         else:
             dist = probabilities(scores, params)  # [A, V]
-            chosen = draw(dist, [generators[r] for r in active])
-            probs = dist.gather(-1, chosen[:, None]).squeeze(-1).tolist()
+            picked = draw(dist, [generators[r] for r in active])
+            chosen, probs = picked.tolist(), dist.gather(-1, picked[:, None]).squeeze(-1).tolist()
+        choice_s = time.perf_counter() - t0
         still = []
         for i, row in enumerate(active):
             pos = len(prompts[row]) + len(result.tokens[row])
-            if out.emit(row, pos, int(chosen[i]), step, times[i], logits[i], probs[i]):
+            if out.emit(row, pos, chosen[i], step, times[i], logits[i], probs[i]):
                 still.append(row)
         active = still
         if not active:
@@ -115,7 +119,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, te
             last = torch.tensor([[result.tokens[r][-1]] for r in active], device=device)  # [A, 1]
             logits = model(last, cache, rows=torch.tensor(active, device=device), trace=trace, logits="last",
                            interventions=interventions).logits
-        dt = elapsed(t0, device)
+        dt = choice_s + elapsed(t0, device)
         result.step_times.append(dt)
         result.decode_s += dt
         times = [dt] * len(active)

@@ -34,8 +34,8 @@ class GenerationResult:
     finish_reasons: list[str]               # "stop" | "length" | "max_seq_len" per prompt
     prompt_lengths: list[int]
     prefill_s: float = 0.0                  # all prompts' prefill forwards
-    decode_s: float = 0.0                   # all batched decode forwards
-    step_times: list[float] = field(default_factory=list)  # one per decode forward
+    decode_s: float = 0.0                   # all decode steps: each token's choice and the forward after it
+    step_times: list[float] = field(default_factory=list)  # one per decode step
 
     @classmethod
     def for_prompts(cls, prompts: Sequence[Sequence[int]]):
