@@ -69,3 +69,14 @@ class RecordingTrace:
     def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass):
         self.attn.append(dict(path=path, rows=rows, positions=positions, topk=topk, window_mass=window_mass,
                               compressed_mass=compressed_mass, sink_mass=sink_mass))
+
+
+def decode_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits of a 5-token prefill, a 6-token block (a DSpark verify's width), then one token at a time
+    [tokens − 4, V]: every forward width the engine's CPU kernels serve."""
+    cache = model.new_cache(1, tokens.size(1) + 1)
+    with torch.inference_mode():
+        out = [model(tokens[:, :5], cache, logits="all").logits[0],
+               model(tokens[:, 5:11], cache, logits="all").logits[0]]
+        out += [model(tokens[:, i:i + 1], cache).logits for i in range(11, tokens.size(1))]
+    return torch.cat(out)

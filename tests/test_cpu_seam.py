@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from engine.kernels import cpu_seam
-from engine.model import Transformer, init_weights
-from engine.spec.config import load_config
-from engine.speedups import fast_mhc, prepare_for_inference
-from tests.model_helpers import synthetic_token_map
+from engine.speedups import fast_mhc
+from tests import model_helpers
+from tests.model_helpers import decode_logits
 
 
 def kernel():
@@ -85,20 +84,7 @@ def test_kernel_refuses_malformed_inputs_by_name():
 
 
 def tiny_model(dtype=torch.float32):
-    a = load_config("configs/tiny-v4.1.json").replace(vocab_size=512, dspark_noise_token_id=511)
-    model = prepare_for_inference(Transformer(a, synthetic_token_map(a), dtype=dtype))
-    init_weights(model, 0)
-    return model.eval()
-
-
-def decode_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    """A 5-token prefill, a 6-token block (a verify's width), then one token at a time."""
-    cache = model.new_cache(1, tokens.size(1) + 1)
-    with torch.inference_mode():
-        out = [model(tokens[:, :5], cache, logits="all").logits[0],
-               model(tokens[:, 5:11], cache, logits="all").logits[0]]
-        out += [model(tokens[:, i:i + 1], cache).logits for i in range(11, tokens.size(1))]
-    return torch.cat(out)
+    return model_helpers.tiny_model(dtype, vocab_size=512, dspark_noise_token_id=511)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

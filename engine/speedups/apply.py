@@ -67,10 +67,11 @@ def prepare_for_inference(model: nn.Module) -> nn.Module:
 
 def apply_speedups(model: nn.Module) -> nn.Module:
     """The PyTorch speed paths, in place: every reference MoE becomes a FastMoE (dense, gathered, by expert or
-    sorted experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op, the
-    head is read in fp32 without a per-step conversion, the drafter's attention and Markov head take the few-token
-    forms of a decode step (FAST_CLASSES); every block's Sinkhorn runs in numpy on the CPU, or for a few tokens in
-    the C++ kernel of engine.kernels.cpu_seam. Same parameters and state dict, same results up to float rounding,
+    sorted experts per call), blocks run their mHC seams fused (engine.speedups.fast_mhc), norms are one op (a few
+    rows on the CPU: the C++ kernel of engine.kernels.cpu_norm), the head is read in fp32 without a per-step
+    conversion, the drafter's attention and Markov head take the few-token forms of a decode step (FAST_CLASSES);
+    every block's Sinkhorn runs in numpy on the CPU, or for a few tokens in the C++ kernel of
+    engine.kernels.cpu_seam. Same parameters and state dict, same results up to float rounding,
     same trace calls; with autograd on, the reference code runs. Idempotent; returns `model`."""
     track_versions(model)
     for module in model.modules():
