@@ -1,10 +1,8 @@
 """The CPU C++ kernel of few-row RMSNorms (engine.kernels.cpu_norm): it builds on a machine like CI's, computes what
 it says (the sum of squares in double, the product in fp32, bf16 rounded to nearest even) and so equals the
 reference up to float rounding, refuses malformed inputs by name, serves the rows FastRMSNorm gives it, and where it
-cannot be built the engine says why and keeps torch's ops."""
+is not built torch's ops run."""
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
@@ -117,24 +115,12 @@ def test_a_model_decodes_alike_with_the_kernel_and_with_torch_ops(dtype, monkeyp
     assert (with_kernel.float() - with_ops.float()).abs().max() <= (1e-4 if dtype == torch.float32 else 0.1) * scale
 
 
-def test_a_failed_build_warns_with_its_reason_and_torch_ops_run(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
-
-    def no_compiler(*args, **kw):
-        raise RuntimeError("Error building extension 'v41viz_cpu_norm'\nc++: not found")
-
-    monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    cpu_norm.load.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert cpu_norm.load() is None
-        reason = "RuntimeError: Error building extension 'v41viz_cpu_norm' … c++: not found"
-        assert cpu_norm.unavailable_reason() == reason
-        assert any(f"CPU one-row RMSNorm kernel could not be built ({reason})" in str(w.message) for w in caught)
-        norm = FastRMSNorm(64, EPS).eval()
-        x = torch.randn(1, 1, 64)
-        with torch.inference_mode():
+def test_without_the_kernel_torch_ops_run(monkeypatch):
+    """Where the kernel did not build (engine.kernels.cpu_extension, tests/test_cpu_extension.py) one row takes the
+    Python path and a few rows torch's fused op."""
+    monkeypatch.setattr(cpu_norm, "load", lambda: None)
+    norm = FastRMSNorm(64, EPS).eval()
+    with torch.inference_mode():
+        for n_rows in (1, 6):
+            x = torch.randn(1, n_rows, 64)
             assert torch.allclose(norm(x), RMSNorm.forward(norm, x), rtol=1e-6, atol=1e-6)
-    finally:
-        cpu_norm.load.cache_clear()

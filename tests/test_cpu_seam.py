@@ -1,10 +1,9 @@
 """The CPU C++ kernel of the few-token mHC seams (engine.kernels.cpu_seam): it builds on a machine like CI's, gives
 the Python-float path's bits (so the fast paths' tests against the reference hold for both), refuses malformed
-inputs by name, and where it cannot be built the engine says why and runs on the Python path."""
+inputs by name, and where it is not built the Python path runs."""
 from __future__ import annotations
 
 import types
-import warnings
 
 import pytest
 import torch
@@ -101,33 +100,9 @@ def test_a_model_decodes_the_same_bits_with_the_kernel_and_on_python_floats(dtyp
     assert torch.equal(decode_logits(model, tokens), with_kernel)
 
 
-def test_a_failed_build_warns_with_its_reason_and_the_python_path_runs(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
-
-    def no_compiler(*args, **kw):
-        raise RuntimeError("Error building extension 'v41viz_cpu_seam'\nc++: not found")
-
-    monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    cpu_seam.load.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert cpu_seam.load() is None
-        reason = "RuntimeError: Error building extension 'v41viz_cpu_seam' … c++: not found"
-        assert cpu_seam.unavailable_reason() == reason
-        assert any(f"could not be built ({reason})" in str(w.message) for w in caught)
-        model = tiny_model()
-        logits = decode_logits(model, torch.randint(3, 500, (1, 13), generator=torch.Generator().manual_seed(2)))
-        assert logits.isfinite().all()
-    finally:
-        cpu_seam.load.cache_clear()
-
-
-def test_the_kernel_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv("V41VIZ_CPU_KERNELS", "0")
-    cpu_seam.load.cache_clear()
-    try:
-        assert cpu_seam.load() is None
-        assert cpu_seam.unavailable_reason() == "turned off by V41VIZ_CPU_KERNELS=0"
-    finally:
-        cpu_seam.load.cache_clear()
+def test_without_the_kernel_the_python_path_runs(monkeypatch):
+    """Where the kernel did not build (engine.kernels.cpu_extension, tests/test_cpu_extension.py) the seams run on
+    Python floats."""
+    monkeypatch.setattr(cpu_seam, "load", lambda: None)
+    logits = decode_logits(tiny_model(), torch.randint(3, 500, (1, 13), generator=torch.Generator().manual_seed(2)))
+    assert logits.isfinite().all()
