@@ -9,7 +9,7 @@ import pytest
 from engine.kernels import cpu_norm, cpu_seam
 
 KERNELS = [(cpu_seam, "v41viz_cpu_seam", "CPU mHC seam kernel"),
-           (cpu_norm, "v41viz_cpu_norm", "CPU one-row RMSNorm kernel")]
+           (cpu_norm, "v41viz_cpu_norm", "CPU few-row RMSNorm kernel")]
 
 
 @pytest.mark.parametrize("kernel, name, what", KERNELS)
