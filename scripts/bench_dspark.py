@@ -18,8 +18,8 @@ weights), so compare ratios measured at similar loads.
 At T = 0 (the default) every mode must give the same tokens (the `identical` column). --temperature T samples, with
 the repeat's number as the seed in every mode: DSpark keeps the target's distribution but not its tokens, so the
 modes decode different text (the column reads `no` by design) and a prompt's ratios vary with what each mode drew;
-the repeats draw other text, which their median averages over. --repetition-penalty P decodes under that penalty in every mode
-(lossless too: at T = 0 the outputs stay identical).
+the repeats draw other text, which their median averages over. --repetition-penalty P decodes under that penalty in
+every mode (lossless too: at T = 0 the outputs stay identical).
 
 --compile runs every mode's decode steps through torch.compile (plain steps; DSpark's verify blocks, drafts and the
 auto schedule's plain steps): the ratios then compare compiled DSpark with compiled plain decoding. The warm-up
@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every mode (seed 0)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every mode (each repeat seeded with its number)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="every mode's repetition penalty (1 = off)")
     p.add_argument("--compile", action="store_true", help="every mode through torch.compile (see above)")
     p.add_argument("--json", help="also write the per-run numbers to this file")
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     print(file=sys.stderr)
     load_after = os.getloadavg()
     penalty = f", repetition penalty {args.repetition_penalty:g}" if args.repetition_penalty != 1 else ""
-    print(f"DSpark vs plain decoding, T = {args.temperature:g}{penalty}, {args.new_tokens} new tokens, {args.repeats} interleaved repeats, "
+    print(f"DSpark vs plain decoding, T = {args.temperature:g}{penalty}, {args.new_tokens} new tokens, "
+          f"{args.repeats} interleaved repeats, "
           f"{args.checkpoint}{', every mode compiled (torch.compile)' if args.compile else ''}; "
           f"{machine_description('cpu')}, torch {torch.__version__}, {args.threads} thread(s); "
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({time.perf_counter() - t0:.0f} s)")

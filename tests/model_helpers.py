@@ -72,8 +72,8 @@ class RecordingTrace:
 
 
 def decode_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    """The logits of a 5-token prefill, a 6-token block (a DSpark verify's width), then one token at a time
-    [tokens − 4, V]: every forward width the engine's CPU kernels serve."""
+    """The logits [T, V] of T tokens fed as a 5-token prefill, a 6-token block (a DSpark verify's width), then one
+    token at a time: every forward width the engine's CPU kernels serve."""
     cache = model.new_cache(1, tokens.size(1) + 1)
     with torch.inference_mode():
         out = [model(tokens[:, :5], cache, logits="all").logits[0],
