@@ -36,14 +36,17 @@ class FastRMSNorm(RMSNorm):
         kernel = cpu_norm.load() if (x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
                                      and 0 < x.numel() <= self.KERNEL_ROWS * n) else None
         if kernel is not None:
-            w32 = w if w.dtype == torch.float32 else derived(self).get("weight", (w,), w.float)
-            return kernel.rms_norm_rows(x, w32, self.eps)
+            return kernel.rms_norm_rows(x, self._weight_fp32(), self.eps)
         if x.numel() != n:
             return F.rms_norm(x, w.shape, w, self.eps)
         if x.dtype in (torch.float32, torch.float64):
             norm = torch.linalg.vector_norm(x).item()
             return x * (1.0 / math.sqrt(norm * norm / n + self.eps)) * w
-        # bf16 / fp16: the math in fp32, as the reference does it, with an fp32 copy of the weight kept
+        # bf16 / fp16: the math in fp32, as the reference does it
         norm = torch.linalg.vector_norm(x, dtype=torch.float32).item()
-        w32 = derived(self).get("weight", (w,), w.float)
-        return (x.float() * (1.0 / math.sqrt(norm * norm / n + self.eps)) * w32).to(x.dtype)
+        return (x.float() * (1.0 / math.sqrt(norm * norm / n + self.eps)) * self._weight_fp32()).to(x.dtype)
+
+    def _weight_fp32(self) -> torch.Tensor:
+        """The weight in fp32: itself, or a copy kept beside the module and rebuilt when the weight changes."""
+        w = self.weight
+        return w if w.dtype == torch.float32 else derived(self).get("weight", (w,), w.float)
