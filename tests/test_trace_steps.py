@@ -27,8 +27,14 @@ class PerCallTrace(Trace):
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine.load("tiny-v4.1")
+def engines() -> dict[str, Engine]:
+    return {}
+
+
+def loaded(engines: dict, name: str) -> Engine:
+    if name not in engines:
+        engines[name] = Engine.load(name)
+    return engines[name]
 
 
 def tables(trace: Trace) -> dict:
@@ -65,14 +71,20 @@ def per_call_run(engine: Engine, monkeypatch, **kwargs) -> Trace:
     return trace
 
 
-@pytest.mark.parametrize("case", ["plain", "dspark"])
-def test_decode_records_equal_the_per_call_path_bit_for_bit(engine, monkeypatch, case):
+@pytest.mark.parametrize("name, case, new_tokens", [("tiny-v4.1", "plain", 24),
+                                                     ("tiny-v4.1", "dspark", 12), ("tiny-v4.1", "graphed", 12),
+                                                     ("tiny-v4", "plain", 12)])
+def test_decode_records_equal_the_per_call_path_bit_for_bit(engines, monkeypatch, name, case, new_tokens):
     """Greedy runs long enough for the index lists to widen step by step: the deferred, stacked records, the
-    residuals derived when read and the lens read out after the last layer give the tables the per-call path gives
-    (DSpark: verify blocks and rollbacks between the decode steps)."""
-    kwargs = {"prompts": [PROMPT], "max_new_tokens": 12}
+    residuals derived when read and the lens read out after the last layer give the tables the per-call path gives:
+    V4.1 and V4, and the static decode body's records (graphed: handed over from its trace buffers). DSpark: verify
+    blocks and rollbacks between the decode steps."""
+    engine = loaded(engines, name)
+    kwargs = {"prompts": [PROMPT], "max_new_tokens": new_tokens}
     if case == "dspark":
         kwargs["dspark"] = DSparkConfig()
+    if case == "graphed":
+        kwargs["cuda_graphs"] = True   # on the CPU the static decode body runs eagerly, recording into its buffers
     fast = Trace(TraceBudget(**INSPECT))
     engine.generate(**kwargs, trace=fast)
     slow = per_call_run(engine, monkeypatch, **kwargs)

@@ -1,10 +1,24 @@
 """Sparse attention for a few queries read straight from the window ring (masked) plus the listed compressed rows."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..model.norm import upcast
 from .casts import cast
+
+
+@functools.lru_cache(maxsize=64)
+def head_means(heads: int, n: int, slots: int, dtype: torch.dtype) -> torch.Tensor:
+    """[heads·n, 3] on the CPU: p [B, S, heads, n] viewed as [B, S, heads·n] times this is the head-averaged
+    probability mass on the window (a query's first `slots` keys), on the compressed rows (those after) and on
+    the sink (the last), [B, S, 3]."""
+    part = torch.zeros(n, 3, dtype=dtype)
+    part[:slots, 0] = 1
+    part[slots:-1, 1] = 1
+    part[-1, 2] = 1
+    return (part / heads).repeat(heads, 1)
 
 
 def ring_hidden(ctx, slots: int, window: int) -> torch.Tensor:
@@ -54,10 +68,13 @@ def window_attention(q: torch.Tensor, ring: torch.Tensor, hidden: torch.Tensor, 
     p = torch.cat(logits, -1).softmax(-1)                                     # [B, S, H, N (+ K) + 1]
     mass = None
     if return_mass:
-        heads = p.mean(2)                                                     # [B, S, N + K + 1]
         slots = ring.size(1)
-        mass = (heads[..., :slots].sum(-1), heads[..., slots:-1].sum(-1), heads[..., -1])
-        if heads.dtype != torch.float32:  # (fp32 records of a float64 model's masses, summed in float64)
+        if p.device.type == "cpu":   # one matmul: reductions over heads cost more on small CPU tensors
+            mass = torch.matmul(p.view(B, S, -1), head_means(H, p.size(-1), slots, p.dtype)).unbind(-1)
+        else:                        # (no constant made here: this may run inside a CUDA graph's capture)
+            heads = p.mean(2)                                                 # [B, S, N + K + 1]
+            mass = (heads[..., :slots].sum(-1), heads[..., slots:-1].sum(-1), heads[..., -1])
+        if p.dtype != torch.float32:  # (fp32 records of a float64 model's masses, summed in float64)
             mass = tuple(m.float() for m in mass)
     if q.dtype == torch.bfloat16:  # the reference casts probabilities to the activation dtype before PV
         p = p.to(torch.bfloat16).float()

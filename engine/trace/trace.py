@@ -58,16 +58,9 @@ class Trace(FactRecorder):
 
     def _predicted(self, rec: TokenRecord, logits) -> None:
         """The budget's top-k of the logits [V] that predicted rec, and rec's own log-probability under them."""
-        import torch  # only generation passes tensors here
-        lf = logits.detach().float().reshape(-1)
-        if 0 <= rec.token_id < lf.numel():
-            rec.logprob = float(torch.log_softmax(lf, -1)[rec.token_id])
-        k = self.budget.top_k_logits
-        if k > 0:
-            top = torch.topk(lf, min(k, lf.numel()))
-            rec.top_ids = top.indices.cpu().numpy().astype(np.int64)
-            rec.top_logits = top.values.cpu().numpy().astype(np.float32)
-            rec.top_probs = torch.softmax(lf, -1)[top.indices].cpu().numpy().astype(np.float32)
+        from .token_logits import predicted  # (torch: only generation passes logits here)
+        rec.logprob, rec.top_ids, rec.top_logits, rec.top_probs = predicted(logits, rec.token_id,
+                                                                            self.budget.top_k_logits)
 
     def _settle(self) -> None:
         """Before a read: the GPU records in flight written and the seams completed (FactRecorder._settle), then
