@@ -11,7 +11,8 @@ each other (REV first on even runs, the working tree first on odd ones), so a bu
 weights are random-init: speed does not depend on their values. `configs/default-small-3k.json` is the shipped
 model's config (checkpoints/default), passed as a file so that a revision from before that preset reads it too.
 The table shows each side's median [min–max] tokens/s over the runs, the ratio of the medians (working tree / REV,
-above 1 means the working tree is faster) and the range of the per-run pair ratios.
+above 1 means the working tree is faster) and the range of the per-run pair ratios; a second one each side's trace
+overhead on decode (traced / untraced step time as `engine bench` measures it, with the Inspect page's trace).
 
 --compile adds `--compile` to the working tree's launches and a "decode compiled" row: the working tree's decode
 through torch.compile (the opt-in transform, engine.graphs) against REV's eager decode, with the seconds each launch's
@@ -233,8 +234,38 @@ def table_lines(rows: list[dict], base_label: str, other_label: str) -> list[str
             "per-run ratios")
     body = [(r["config"], str(r["threads"]), r["phase"], cell(r, "base"), cell(r, "other"), f"{r['ratio']:.2f}",
              f"[{r['pair_ratio_min']:.2f}–{r['pair_ratio_max']:.2f}]") for r in rows]
+    return aligned(head, body)
+
+
+def aligned(head: tuple, body: list[tuple]) -> list[str]:
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     return ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in (head, *body)]
+
+
+def overhead_rows(records: list[dict], a: argparse.Namespace) -> list[dict]:
+    """Per config and thread count, each side's trace overhead on decode (`engine bench`'s trace_overhead_decode:
+    traced / untraced step time with the Inspect page's trace) over the launches: median, min, max (None where
+    the side's bench does not report it)."""
+    rows = []
+    for spec in a.configs:
+        for threads in a.threads:
+            row = {"config": spec, "threads": threads}
+            for side in ("rev", "tree"):
+                values = [r["bench"]["trace_overhead_decode"] for r in records
+                          if (r["side"], r["config"], r["threads"]) == (side, spec, threads)
+                          and "trace_overhead_decode" in r["bench"]]
+                row[side] = {"median": statistics.median(values), "min": min(values), "max": max(values)} \
+                    if values else None
+            rows.append(row)
+    return rows
+
+
+def overhead_lines(rows: list[dict], labels: dict) -> list[str]:
+    def cell(stats: dict | None) -> str:
+        return "not reported" if stats is None else f"x{stats['median']:.2f} [x{stats['min']:.2f}–x{stats['max']:.2f}]"
+
+    head = ("config", "threads", f"{labels['rev']} trace overhead", f"{labels['tree']} trace overhead")
+    return aligned(head, [(r["config"], str(r["threads"]), cell(r["rev"]), cell(r["tree"])) for r in rows])
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -296,6 +327,9 @@ def run_comparison(a: argparse.Namespace) -> int:
         lines += ["", f"{COMPILED}: the working tree's decode through torch.compile against {labels['rev']}'s eager "
                       f"decode; first compiled step per launch {statistics.median(seconds):,.1f} s median "
                       f"[{min(seconds):,.1f}–{max(seconds):,.1f}] (compiling, or loading inductor's cache)"]
+    trace_rows = overhead_rows(records, a)
+    lines += ["", "trace overhead on decode, each side's own (`engine bench`: traced / untraced step time, the Inspect "
+                  "page's trace): median [min–max] over launches", "", *overhead_lines(trace_rows, labels)]
     bf16_rows = summary_rows(records, a, base="tree", other="tree_bf16", compiled=a.compile,
                              base_compiled=True) if a.bf16 else []
     if bf16_rows:
@@ -305,7 +339,8 @@ def run_comparison(a: argparse.Namespace) -> int:
     if a.json:
         a.json.write_text(json.dumps({"revision": a.rev, "commit": commit, "labels": labels, "revisions": revisions,
                                       "machine": machine_line(), "settings": settings, "notes": notes,
-                                      "runs": records, "table": rows, "bf16_table": bf16_rows}, indent=1))
+                                      "runs": records, "table": rows, "trace_overhead": trace_rows,
+                                      "bf16_table": bf16_rows}, indent=1))
     return 0
 
 

@@ -70,6 +70,18 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
         assert number(row[4]) == round(rates["rev"][0], 1) and number(row[7]) == round(rates["tree"][0], 1)
         assert row[11] == row[12] == f"{ratio:.2f}"  # one run: the per-run ratio range is that one pair's ratio
 
+    # each side's trace overhead on decode, as its launch's `engine bench` reported it (one run: min = median = max)
+    title = next(i for i, line in enumerate(lines) if line.startswith("trace overhead on decode, each side's own"))
+    assert lines[title + 2].split() == ["config", "threads", "HEAD", f"({head})", "trace", "overhead", "working",
+                                        "tree", "trace", "overhead"]
+    cells = re.findall(r"x(\d+\.\d\d) \[x(\d+\.\d\d)–x(\d+\.\d\d)\]", lines[title + 3])
+    assert lines[title + 3].startswith("tiny-v4.1  1 ") and len(cells) == 2, lines[title + 3]
+    for cell, side in zip(cells, ("rev", "tree")):
+        overhead = next(r["bench"]["trace_overhead_decode"] for r in figures["runs"] if r["side"] == side)
+        assert overhead > 0 and cell == (f"{overhead:.2f}",) * 3
+    assert figures["trace_overhead"][0]["tree"]["median"] == next(
+        r["bench"]["trace_overhead_decode"] for r in figures["runs"] if r["side"] == "tree")
+
     # the second table: the working tree's bfloat16 launch against its float32 one, from the same run
     second = lines.index("bfloat16 against float32, both the working tree, the same runs; ratio: bfloat16 / float32")
     header = next(i for i in range(second, len(lines)) if lines[i].startswith("config "))
