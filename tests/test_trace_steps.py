@@ -158,3 +158,24 @@ def test_mhc_residuals_derived_when_read_have_the_bits_of_each_call():
     unpacked.record_mhc("layers.1", "ffn", None, torch.tensor([[3]]), pre, mix[..., -1], mix[..., :-1].transpose(-1, -2))
     assert packed == unpacked
     assert np.array_equal(packed.fact("mhc", "layers.1", 0, 3, "ffn")["comb"], mix[0, 0, :, :-1].T.numpy())
+
+
+def test_a_step_table_refuses_lists_not_laid_out_as_one_token_lists():
+    """The ragged field's lists must each be [1, 1, width]: a list of another rank or batch is refused (the step
+    then goes down the checked path, which names the problem) and no row is counted."""
+    from engine.trace.step_table import StepTable
+    keys = (("attention", "layers.0.attn", ""), ("attention", "layers.1.attn", ""))
+
+    def step(a, b):
+        return [(a, torch.rand(1, 1), torch.rand(1, 1), torch.rand(1, 1)),
+                (b, torch.rand(1, 1), torch.rand(1, 1), torch.rand(1, 1))]
+    first = step(torch.arange(3).view(1, 1, 3), torch.arange(2).view(1, 1, 2))
+    table = StepTable(keys, ("int64", "float32", "float32", "float32"), first, ragged=(0,))
+    assert table.add(0, 5, keys, first) and table.n == 1
+    for a, b in ((torch.zeros(1, 1, 2, 2, dtype=torch.long), torch.zeros(1, 1, 2, 2, dtype=torch.long)),
+                 (torch.zeros(2, 1, 4, dtype=torch.long), torch.zeros(2, 1, 1, dtype=torch.long))):
+        assert not table.add(0, 6, keys, step(a, b)) and table.n == 1
+    assert table.add(0, 6, keys, step(torch.arange(7).view(1, 1, 7), torch.arange(1).view(1, 1, 1)))
+    assert table.fields[0].shape[2] >= 7 and table.lengths[0][:2].tolist() == [[3, 2], [7, 1]]
+    assert table.fields[0][0, 0, :3].tolist() == [0, 1, 2] and table.fields[0][1, 0, :7].tolist() == list(range(7))
+    assert table.fields[0][1, 1, :1].tolist() == [0] and table.fields[0][0, 1, :2].tolist() == [0, 1]

@@ -13,12 +13,13 @@ from .casts import cast
 def head_means(heads: int, n: int, slots: int, dtype: torch.dtype) -> torch.Tensor:
     """[heads·n, 3] on the CPU: p [B, S, heads, n] viewed as [B, S, heads·n] times this is the head-averaged
     probability mass on the window (a query's first `slots` keys), on the compressed rows (those after) and on
-    the sink (the last), [B, S, 3]."""
-    part = torch.zeros(n, 3, dtype=dtype)
-    part[:slots, 0] = 1
-    part[slots:-1, 1] = 1
-    part[-1, 2] = 1
-    return (part / heads).repeat(heads, 1)
+    the sink (the last), [B, S, 3]. A plain tensor even when first asked for under inference mode."""
+    with torch.inference_mode(False):
+        part = torch.zeros(n, 3, dtype=dtype)
+        part[:slots, 0] = 1
+        part[slots:-1, 1] = 1
+        part[-1, 2] = 1
+        return (part / heads).repeat(heads, 1)
 
 
 def ring_hidden(ctx, slots: int, window: int) -> torch.Tensor:

@@ -80,7 +80,7 @@ class StepTable:
             joined = np.concatenate(parts, axis=2) if type(parts[0]) is np.ndarray else _cat(parts, 2)
         except (RuntimeError, TypeError, ValueError):  # not all [1, 1, *], bf16, a GPU tensor among them
             return False
-        if joined.shape[:2] != (1, 1):
+        if joined.ndim != 3 or joined.shape[:2] != (1, 1):
             return False
         widths = tuple(v.shape[2] for v in parts)
         buf = self.fields[f]

@@ -15,7 +15,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     equal values come first. Over a large vocabulary one vectorised pass takes each chunk's maximum and the top-k
     sorts the k chunks with the largest maxima only: every other chunk has k values at least as large as its
     best (the chosen chunks' maxima), so the k largest lie among the candidates (NaN, the largest to torch.topk,
-    is its chunk's maximum as well). torch.topk's own pass over V costs about six times as much."""
+    is its chunk's maximum as well). On a CPU torch.topk's own pass over V is the slower way."""
     v = logits.numel()
     n = v // CHUNK
     if v < CHUNKED_FROM or k > n:
