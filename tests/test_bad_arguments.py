@@ -81,6 +81,8 @@ CLI_CASES = [
      "--seed must lie in 0..2**63-1"),
     (["continuations", "--checkpoint", "{tmp}", "--out", "{tmp}/c.safetensors", "--temperature", "nan"],
      "continuations: temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["continuations", "--checkpoint", "{tmp}", "--out", "{tmp}/c.safetensors", "--repetition-penalty", "0"],
+     "continuations: repetition_penalty must be a finite number > 0 (1 = off"),
     (["train", "--config", "tiny-v4.1", "--out", "{tmp}/run", "--seed", "-3"], "--seed must lie in 0..2**63-1"),
     (["card", "{tmp}", "--seq", "100000"], "--seq must be at most 512 (the checkpoint's max_seq_len), got 100,000"),
     (["card", "{tmp}", "--new-tokens", "100000"], "--new-tokens must be at most 511"),

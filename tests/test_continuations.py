@@ -77,6 +77,27 @@ def test_sampled_rows_are_the_models_draws_seeded_per_row_whatever_the_batch(row
             ContinuationSpec(temperature=bad)
 
 
+def test_rows_under_a_repetition_penalty_are_the_models_own_under_it(rows):
+    """Greedy and sampled continuations under the penalty: each row is what generate gives that prompt (and that
+    row's seed) under the same penalty, and the penalty changed the greedy text."""
+    model = backbone()
+    seeds = np.random.default_rng([0, 1]).integers(0, 2**63 - 1, 6)
+    for temperature in (0.0, 1.0):
+        spec = ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4, temperature=temperature,
+                                repetition_penalty=1.4)
+        got = make_continuations(Engine(backbone()), CORPUS, spec)
+        assert np.array_equal(got[:, :5], rows[:, :5])
+        for row, seed in zip(got, seeds.tolist()):
+            alone = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=(), temperature=temperature,
+                             seed=seed, repetition_penalty=1.4)
+            assert row[5:].tolist() == alone.tokens[0]
+        if temperature == 0:
+            assert not np.array_equal(got[:, 5:], rows[:, 5:])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="continuations: repetition_penalty"):
+            ContinuationSpec(repetition_penalty=bad)
+
+
 def test_files_pool_into_one_table_cut_to_the_shortest_rows(rows, tmp_path):
     short = save_continuations(tmp_path / "s.safetensors", rows[:2, :15], ContinuationSpec(), "ckpt")
     full = save_continuations(tmp_path / "f.safetensors", rows, ContinuationSpec(), "ckpt")

@@ -8,8 +8,8 @@ from pathlib import Path
 from .arg_checks import check_output_file, check_seed
 from .run_args import apply_threads
 
-HELP = ("write a checkpoint's own continuations (greedy, or sampled with --temperature) of random training-text "
-        "prompts: sequence-level distillation data for `train_drafter --continuations`")
+HELP = ("write a checkpoint's own continuations (greedy, or sampled with --temperature; under --repetition-penalty) "
+        "of random training-text prompts: sequence-level distillation data for `train_drafter --continuations`")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="picks the prompts (and seeds sampled draws)")
     parser.add_argument("--temperature", type=float, default=d.temperature,
                         help="0 = greedy continuations (default); above 0, sampled at this temperature")
+    parser.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty,
+                        help="decode under this repetition penalty (default 1 = off; the Inspect page uses 1.4)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
@@ -40,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     check_seed(args.seed)
     check_output_file(args.out, "--out")  # written after every continuation is made
-    spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed, args.temperature)
+    spec = ContinuationSpec(args.sequences, args.prompt_len, args.new_tokens, args.batch, args.seed, args.temperature,
+                            args.repetition_penalty)
     train = load_tokens(args.data)["train"]
     engine = Engine.load(checkpoint=args.checkpoint)
     check_same_vocabulary(engine, Path(args.data))
@@ -51,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     rows = make_continuations(engine, train, spec, progress)
     print(file=sys.stderr)
     path = save_continuations(args.out, rows, spec, args.checkpoint)
+    decoding = "greedy" if spec.temperature == 0 else f"sampled at T = {spec.temperature:g}"
+    if spec.repetition_penalty != 1:
+        decoding += f", repetition penalty {spec.repetition_penalty:g}"
     print(f"wrote {path}: {rows.shape[0]} rows of {rows.shape[1]} tokens ({spec.prompt_len} prompt + "
-          f"{spec.new_tokens} {'greedy' if spec.temperature == 0 else f'sampled at T = {spec.temperature:g}'})")
+          f"{spec.new_tokens} {decoding})")
     return 0

@@ -1,7 +1,8 @@
 """Sequence-level distillation data for the drafter: the frozen target's own continuations of prompts cut from the
-training text, greedy or sampled. At T=0 verification accepts a draft exactly when it equals the target's argmax,
-so the trajectories the target itself produces are what the drafter must learn to predict; at T > 0 the drafts are
-judged along the target's sampled trajectories, which wander into text its greedy ones never reach."""
+training text, greedy or sampled, optionally under a repetition penalty. At T=0 verification accepts a draft exactly
+when it equals the target's argmax, so the trajectories the target itself produces are what the drafter must learn
+to predict; at T > 0 the drafts are judged along the target's sampled trajectories, which wander into text its
+greedy ones never reach, and under a penalty along the text the penalty steers it to."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..model.sampling import MAX_SEED, check_sampling
+from ..model.sampling import MAX_SEED, check_repetition, check_sampling
 from ..spec.errors import InputError, MissingFileError
 
 FILE_FORMAT = "v41viz-continuations/1"
@@ -26,12 +27,14 @@ class ContinuationSpec:
     batch: int = 64             # prompts decoded together
     seed: int = 0               # picks the prompt offsets (and, sampled, seeds the draws)
     temperature: float = 0.0    # 0 = greedy; else sampled at this temperature (no top-k / top-p)
+    repetition_penalty: float = 1.0   # 1 = off; else the decoding option of that name (engine.model.sampling)
 
     def __post_init__(self) -> None:
         for key in ("sequences", "prompt_len", "new_tokens", "batch"):
             if getattr(self, key) < 1:
                 raise InputError(f"continuations: {key} must be at least 1, got {getattr(self, key)}")
         check_sampling(self.temperature, 0, 1.0, ("continuations: temperature", "top_k", "top_p"))
+        check_repetition(self.repetition_penalty, 0, ("continuations: repetition_penalty", "no_repeat_ngram"))
 
     @property
     def length(self) -> int:
@@ -41,8 +44,8 @@ class ContinuationSpec:
 def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the engine's
-    (an engine.generation.Engine) continuation, greedy or sampled at spec.temperature (no stop token, so every row
-    has the full length). Deterministic for a fixed spec: each row samples with its own seed, drawn from spec.seed,
+    (an engine.generation.Engine) continuation, greedy or sampled at spec.temperature, under
+    spec.repetition_penalty (no stop token, so every row has the full length). Deterministic for a fixed spec: each row samples with its own seed, drawn from spec.seed,
     whatever the batch."""
     if train.size < spec.prompt_len + 1:
         raise InputError(f"continuations: the training stream has {train.size} tokens, fewer than a "
@@ -57,7 +60,8 @@ def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
         chunk = starts[first:first + spec.batch]
         prompts = [train[s:s + spec.prompt_len].tolist() for s in chunk]
         result = engine.generate(prompts, max_new_tokens=spec.new_tokens, stop_tokens=(),
-                                 temperature=spec.temperature, seed=draw_seeds[first:first + spec.batch].tolist())
+                                 temperature=spec.temperature, repetition_penalty=spec.repetition_penalty,
+                                 seed=draw_seeds[first:first + spec.batch].tolist())
         for i, (prompt, new) in enumerate(zip(prompts, result.tokens)):
             rows[first + i] = prompt + new
         if progress is not None:
