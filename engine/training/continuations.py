@@ -45,8 +45,8 @@ def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[sequences, prompt_len + new_tokens] int32: random training-text prompts, each followed by the engine's
     (an engine.generation.Engine) continuation, greedy or sampled at spec.temperature, under
-    spec.repetition_penalty (no stop token, so every row has the full length). Deterministic for a fixed spec: each row samples with its own seed, drawn from spec.seed,
-    whatever the batch."""
+    spec.repetition_penalty (no stop token, so every row has the full length). Deterministic for a fixed spec: each
+    row samples with its own seed, drawn from spec.seed, whatever the batch."""
     if train.size < spec.prompt_len + 1:
         raise InputError(f"continuations: the training stream has {train.size} tokens, fewer than a "
                          f"{spec.prompt_len}-token prompt")
