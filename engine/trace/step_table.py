@@ -30,7 +30,7 @@ class StepTable:
                        for f, (shape, dtype) in enumerate(zip(self.shapes, dtypes))]
         self.lengths = {f: np.empty((FIRST_STEPS, k), np.int64) for f in ragged}
         self.newest: dict[int, int] = {}   # row -> its newest position here
-        self._places: dict[tuple, np.ndarray] = {}   # (widths, row width) -> where a ragged row's lists go
+        self._places: tuple | None = None   # ((widths, row width), where a ragged row's lists go) of the last step
 
     def add(self, row: int, pos: int, keys: tuple, values: list[tuple]) -> bool:
         """The step's records of these keys (values: per key, one [1, 1, *shape] tensor or array per field) as
@@ -73,8 +73,9 @@ class StepTable:
 
     def _add_ragged(self, f: int, n: int, parts: list) -> bool:
         """Row n of ragged field f: the step's lists [1, 1, width] joined by one concatenate and scattered into the
-        row [k, width] at the places their widths give (worked out once per layout of widths; the buffer widens,
-        doubling, for a longer list). One op per step instead of a few per list: each costs microseconds here,
+        row [k, width] at the places their widths give (kept for the next step, which mostly has the same widths:
+        one layout only, as a long run on a large model passes through thousands; the buffer widens, doubling, for
+        a longer list). One op per step instead of a few per list: each costs microseconds here,
         between two forwards."""
         try:
             joined = np.concatenate(parts, axis=2) if type(parts[0]) is np.ndarray else _cat(parts, 2)
@@ -88,10 +89,11 @@ class StepTable:
             grown = np.empty((len(buf), len(self.keys), max(max(widths), 2 * buf.shape[2])), buf.dtype)
             grown[:n, :, : buf.shape[2]] = buf[:n]
             buf = self.fields[f] = grown
-        places = self._places.get((widths, buf.shape[2]))
-        if places is None:  # where each list's entries go in a row [k, width], flattened
-            places = self._places[(widths, buf.shape[2])] = np.concatenate(
-                [j * buf.shape[2] + np.arange(w, dtype=np.int64) for j, w in enumerate(widths)])
+        layout = (widths, buf.shape[2])
+        if self._places is None or self._places[0] != layout:  # where each list's entries go in a row [k, width]
+            self._places = (layout, np.concatenate([j * buf.shape[2] + np.arange(w, dtype=np.int64)
+                                                    for j, w in enumerate(widths)]))
+        places = self._places[1]
         buf[n].reshape(-1)[places] = joined.reshape(-1)
         self.lengths[f][n] = widths
         return True
