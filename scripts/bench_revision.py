@@ -191,6 +191,11 @@ def interleaved_runs(trees: dict, labels: dict, flags: dict, a: argparse.Namespa
     return records
 
 
+def launches(records: list[dict], side: str, spec: str, threads: int) -> list[dict]:
+    """One side's records of a config and thread count, in run order."""
+    return [r for r in records if (r["side"], r["config"], r["threads"]) == (side, spec, threads)]
+
+
 def summary_rows(records: list[dict], a: argparse.Namespace, base: str = "rev", other: str = "tree",
                  compiled: bool = False, base_compiled: bool = False) -> list[dict]:
     """One row per config, thread count and phase: base and other side's median [min–max], the ratio of the
@@ -204,7 +209,7 @@ def summary_rows(records: list[dict], a: argparse.Namespace, base: str = "rev", 
         for threads in a.threads:
             for phase, base_phase in phases:
                 def rates_of(side: str, key: str) -> list[float]:  # in run order, so zip pairs a run's launches
-                    return [r[key] for r in records if (r["side"], r["config"], r["threads"]) == (side, spec, threads)]
+                    return [r[key] for r in launches(records, side, spec, threads)]
                 rates = {"base": rates_of(base, base_phase), "other": rates_of(other, phase)}
                 pairs = [o / b for b, o in zip(rates["base"], rates["other"])]
                 medians = {side: statistics.median(rates[side]) for side in rates}
@@ -251,9 +256,8 @@ def overhead_rows(records: list[dict], a: argparse.Namespace) -> list[dict]:
         for threads in a.threads:
             row = {"config": spec, "threads": threads}
             for side in ("rev", "tree"):
-                values = [r["bench"]["trace_overhead_decode"] for r in records
-                          if (r["side"], r["config"], r["threads"]) == (side, spec, threads)
-                          and "trace_overhead_decode" in r["bench"]]
+                values = [r["bench"]["trace_overhead_decode"] for r in launches(records, side, spec, threads)
+                          if "trace_overhead_decode" in r["bench"]]
                 row[side] = {"median": statistics.median(values), "min": min(values), "max": max(values)} \
                     if values else None
             rows.append(row)
