@@ -9,6 +9,7 @@ import numpy as np
 from .decode import decode_tables
 from .formats import read_tables, read_tables_bytes, trace_format, write_tables
 from .lens import lens_values, normed_rows
+from .pending_logits import PendingLogits
 from .recorder import FactRecorder
 from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
 from .tables import TraceFormatError, build_tables
@@ -24,6 +25,7 @@ class Trace(FactRecorder):
         super().__init__(budget)
         self.meta: dict[str, Any] = dict(meta or {})
         self._tokens: dict[int, dict[int, TokenRecord]] = {}
+        self._pending_logits = PendingLogits()   # generated tokens' logits until a token record is read
         self.dspark_steps: list[DSparkStep] = []
 
     @property
@@ -41,26 +43,25 @@ class Trace(FactRecorder):
         """Teacher-forced logits [L, V] of a recorded prompt at positions start_pos..start_pos+L-1: row j is the
         model's prediction of the prompt token at start_pos + j + 1, which gets its top-k and log-probability."""
         tokens = self._tokens.get(row, {})
-        for j in range(len(logits)):
-            rec = tokens.get(start_pos + j + 1)
-            if rec is not None and not rec.generated:
-                self._predicted(rec, logits[j])
+        scored = {j: rec for j in range(len(logits))
+                  if (rec := tokens.get(start_pos + j + 1)) is not None and not rec.generated}
+        if not scored:
+            return
+        from .token_logits import predicted_rows  # (torch: only generation passes logits here)
+        logprob, ids, values, probs = predicted_rows(logits[list(scored)], [r.token_id for r in scored.values()],
+                                                     self.budget.top_k_logits)
+        for i, rec in enumerate(scored.values()):
+            rec.logprob, rec.top_ids, rec.top_logits, rec.top_probs = float(logprob[i]), ids[i], values[i], probs[i]
 
     def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
                      logits=None) -> None:
         """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k and the
-        token's log-probability."""
+        token's log-probability (worked out for many tokens at once, when a token record is read)."""
         self._end_step()  # once per step: the step's records are written (GPU ones: their pinned memory freed)
         rec = TokenRecord(int(row), int(pos), int(token_id), text, True, int(step), float(step_time_s))
         if logits is not None:
-            self._predicted(rec, logits)
+            self._pending_logits.add(rec, logits, self.budget.top_k_logits)
         self._tokens.setdefault(rec.row, {})[rec.pos] = rec
-
-    def _predicted(self, rec: TokenRecord, logits) -> None:
-        """The budget's top-k of the logits [V] that predicted rec, and rec's own log-probability under them."""
-        from .token_logits import predicted  # (torch: only generation passes logits here)
-        rec.logprob, rec.top_ids, rec.top_logits, rec.top_probs = predicted(logits, rec.token_id,
-                                                                            self.budget.top_k_logits)
 
     def _settle(self) -> None:
         """Before a read: the GPU records in flight written and the seams completed (FactRecorder._settle), then
@@ -116,6 +117,7 @@ class Trace(FactRecorder):
 
     def tokens(self, row: int = 0) -> list[TokenRecord]:
         """The row's prompt and generated tokens in position order."""
+        self._pending_logits.resolve(self.budget.top_k_logits)
         return [rec for _, rec in sorted(self._tokens.get(row, {}).items())]
 
     def mhc_matrix(self, path: str, site: str, row: int, pos: int) -> np.ndarray:
@@ -217,6 +219,8 @@ class Trace(FactRecorder):
         if (self.budget, self.meta, +self.omitted, self.dspark_steps) != \
                 (other.budget, other.meta, +other.omitted, other.dspark_steps):
             return False
+        self._pending_logits.resolve(self.budget.top_k_logits)
+        other._pending_logits.resolve(other.budget.top_k_logits)
         if _nonempty(self._tokens) != _nonempty(other._tokens):
             return False
         return self._same_facts(other)
