@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .records import TokenRecord
 
-PENDING_BYTES = 16 * 2**20   # the block's size: 16 MiB of fp32 logits (1,299 rows of a 3,229-id vocabulary, 32 of 129,280)
+PENDING_BYTES = 16 * 2**20   # the block's size: 16 MiB of fp32 logits (1,298 rows of a 3,229-id vocabulary, 32 of 129,280)
 
 
 class PendingLogits:
