@@ -1,9 +1,12 @@
 """The logit lens's read-outs and stream RMS of one forward, handed to the trace: a layer at a time, or for a one-token
-step all layers at once after the last (collapse and RMS batched; the final norm left to the trace, which applies it
-row by row when it resolves the lens, so every value keeps the bits of the per-layer path)."""
+step all layers at once after the last (RMS batched; V4.1's collapse batched too, and the rest of the read-out left to
+the trace, which applies it row by row when it resolves the lens, so every value keeps the bits of the per-layer
+path)."""
 from __future__ import annotations
 
 import torch
+
+from functools import partial
 
 from .mhc import collapse
 from .norm import upcast
@@ -14,15 +17,22 @@ def stream_rms(h: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(upcast(h), dim=-1) * h.size(-1) ** -0.5
 
 
+def streams_readout(model, streams: torch.Tensor) -> torch.Tensor:
+    """V4's read-out of recorded streams [n, hc, dim] → [n, dim]: its learned hc_head, then the final norm (the
+    trace calls it with one row at a time, the shapes of a one-token step's read-out)."""
+    return model.readout(streams.unsqueeze(1), None).squeeze(1)
+
+
 class LensReads:
     """Made by Transformer.run_layers when its trace records the lens: add() after each layer, finish() for the
-    logits' input. A call of one token on the CPU (fp32, V4.1's collapse read-out, eager) keeps each recorded layer's
-    streams (a few KB) until finish(), which reads them all out in a few ops instead of about ten per layer."""
+    logits' input. A call of one token on the CPU (fp32, eager) keeps each recorded layer's streams (a few KB) until
+    finish(), which hands them all over in a few ops instead of about ten per layer: V4.1's collapsed (one op for
+    all layers), V4's as they are (its hc_head and final norm run when the trace is read)."""
 
     def __init__(self, model, n_tokens: int, ctx):   # n_tokens: B·S
         self.model = model
-        self.batched = (n_tokens == 1 and not ctx.static and not model.family.hc_head and
-                        model.dtype == torch.float32 and model.device.type == "cpu")
+        self.batched = (n_tokens == 1 and not ctx.static and model.dtype == torch.float32 and
+                        model.device.type == "cpu")
         self.layers: list[tuple] = []   # batched: (path, h_in, h, pre) of each recorded layer
         self.last: tuple | None = None   # per layer: the last recorded layer's (h, read-out)
         self.rms: tuple | None = None    # per layer: the last streams' (h, RMS): a layer's input is the last output
@@ -47,15 +57,20 @@ class LensReads:
         if not self.layers:
             return self.model.readout(h, pre)
         paths, ins, outs, pres = zip(*self.layers)
-        before_norm = collapse(torch.cat(outs), torch.cat(pres)).unsqueeze(1)   # [L, 1, 1, dim]
+        if self.model.family.hc_head:   # each layer's streams [1, 1, hc, dim] as they are, read out by the trace
+            unread, finish = outs, partial(streams_readout, self.model)
+        else:                           # the collapse [1, 1, dim] of each (one op for all), normed by the trace
+            unread, finish = collapse(torch.cat(outs), torch.cat(pres)).unsqueeze(1).unbind(0), self.model.norm
         streams = list({id(t): t for t in (*ins, *outs)}.values())              # each distinct [1, 1, hc, dim] once
         at = {id(t): k for k, t in enumerate(streams)}
         rms = stream_rms(torch.cat(streams)).unsqueeze(1).unbind(0)             # [1, 1, hc] each
         rows, pos = ctx.trace_rows()
-        trace, head, norm = ctx.trace, self.model.lens_logits, self.model.norm
-        for path, h_in, h_out, x in zip(paths, ins, outs, before_norm.unbind(0)):
-            trace.record_lens(path, rows, pos, x, rms[at[id(h_in)]], rms[at[id(h_out)]], head, norm)
-        return self.model.norm(before_norm[-1]) if outs[-1] is h else self.model.readout(h, pre)
+        trace, head = ctx.trace, self.model.lens_logits
+        for path, h_in, h_out, x in zip(paths, ins, outs, unread):
+            trace.record_lens(path, rows, pos, x, rms[at[id(h_in)]], rms[at[id(h_out)]], head, finish)
+        if outs[-1] is h and not self.model.family.hc_head:
+            return self.model.norm(unread[-1])
+        return self.model.readout(h, pre)
 
     def _rms(self, h: torch.Tensor) -> torch.Tensor:
         if self.rms is None or self.rms[0] is not h:

@@ -1,5 +1,5 @@
 """The logit lens resolved: every recorded layer read-out through the model's head in batched matmuls, into top-k
-(read-outs recorded before the final norm get it first, row by row)."""
+(read-outs recorded before the rest of the model's read-out get it first, row by row)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -43,13 +43,14 @@ def lens_values(hidden: np.ndarray, next_ids: np.ndarray, readout: Callable, k: 
     return top_ids, top_probs, next_rank, next_prob
 
 
-def normed_rows(before_norm: np.ndarray, norm: Callable) -> np.ndarray:
-    """before_norm [N, dim] (fp32): read-outs a one-token step recorded before the model's final norm → norm(row)
-    for each row on its own, [N, dim]: the bits the step's own norm call would have made (a norm of many rows may
-    take another path, engine.speedups.fast_norm)."""
+def finished_rows(unfinished: np.ndarray, finish: Callable) -> np.ndarray:
+    """unfinished [N, ...] (fp32): read-outs a one-token step recorded before the rest of the model's read-out (V4.1:
+    the collapse [dim] before the final norm; V4: the streams [hc, dim]) → finish(row) for each row on its own,
+    [N, dim]: the bits the step's own calls would have made (a norm of many rows may take another path,
+    engine.speedups.fast_norm)."""
     import torch
-    if not len(before_norm):
-        return before_norm
+    if not len(unfinished):
+        return unfinished
     with torch.no_grad():
-        rows = torch.from_numpy(before_norm)
-        return torch.cat([norm(rows[i:i + 1]) for i in range(len(rows))]).float().cpu().numpy()
+        rows = torch.from_numpy(unfinished)
+        return torch.cat([finish(rows[i:i + 1]) for i in range(len(rows))]).float().cpu().numpy()

@@ -38,7 +38,7 @@ class FactRecorder:
         self._last_call: tuple | None = None   # the last record call's tensors, their bytes and its CallTokens
         self._step = StepRecords()   # the one-token records of _last_call's tokens, until the step ends (_defer)
         self._lens_readout = None   # the recording model's read-out of the lens (see record_lens), until resolved
-        self._lens_norm = None      # and its final norm, for read-outs recorded before it
+        self._lens_finish = None    # and the rest of its read-out, for read-outs recorded before it (lens_prenorm)
         self._wants: dict[tuple[str, str], bool] = {}   # (kind, path) -> whether the budget records it
 
     # ---- what the model calls -------------------------------------------------------------
@@ -109,14 +109,16 @@ class FactRecorder:
         and leaving the layer. readout(hidden [N, dim]) -> logits [N, V]: the model's head. The hidden states are
         kept until the trace is read; then one batched head matmul turns them into the "lens" records (top-k,
         the next token's rank and probability) and they are dropped (engine.trace.lens). norm: given for a hidden
-        taken before the final norm (a one-token step's), the model's final norm, which the trace applies to each
-        such row on its own when it resolves the lens (as the step would have: a batch may round otherwise)."""
+        not yet read out (a one-token step's: V4.1's collapse before the final norm, [B, S, dim], or V4's streams
+        [B, S, hc, dim]), the rest of the model's read-out (the final norm; V4's hc_head and final norm), which the
+        trace applies to each such row on its own when it resolves the lens (as the step would have: a batch may
+        round otherwise)."""
         if not self.wants_lens(path):
             return
         self._lens_readout = readout
         kind = "lens_hidden"
         if norm is not None:
-            kind, self._lens_norm = "lens_prenorm", norm
+            kind, self._lens_finish = "lens_prenorm", norm
         values = (hidden, rms_in, rms_out)
         if not self._defer((kind, path, ""), rows, positions, values):
             self._record(kind, path, "", rows, positions, values)

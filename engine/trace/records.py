@@ -28,7 +28,8 @@ FACT_DTYPES: dict[str, tuple[str, ...]] = {
 FACT_KINDS = tuple(FACT_FIELDS)
 # Kinds the model records that the trace turns into another kind when it is read: the logit lens's read-out per
 # layer and token becomes its top-k (one batched head matmul for the whole run, engine.trace.lens; a lens_prenorm
-# read-out was taken before the final norm, which the trace applies row by row first); an mHC seam recorded as
+# read-out is not finished yet: the trace applies the rest of the model's read-out row by row first, V4.1's final
+# norm of the collapse or V4's hc_head and final norm of the streams); an mHC seam recorded as
 # (pre, mix = [combᵀ | post]) is unpacked and given its Sinkhorn residuals (all records at once, engine.trace.seams).
 PENDING_FIELDS: dict[str, tuple[str, ...]] = {"lens_hidden": ("hidden", "rms_in", "rms_out"),
                                               "lens_prenorm": ("hidden", "rms_in", "rms_out"), "mhc_mix": ("pre", "mix")}

@@ -8,7 +8,7 @@ import numpy as np
 
 from .decode import decode_tables
 from .formats import read_tables, read_tables_bytes, trace_format, write_tables
-from .lens import lens_values, normed_rows
+from .lens import finished_rows, lens_values
 from .pending_logits import PendingLogits
 from .recorder import FactRecorder
 from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
@@ -74,8 +74,8 @@ class Trace(FactRecorder):
             rows, pos, fields = columns.block(np.arange(columns.n))
             if len(rows):
                 hidden, rms_in, rms_out = (values for values, _ in fields)
-                if key[0] == "lens_prenorm":   # read out before the final norm: normed now, row by row
-                    hidden = normed_rows(hidden, self._lens_norm)
+                if key[0] == "lens_prenorm":   # not read out to the end: finished now, row by row
+                    hidden = finished_rows(hidden, self._lens_finish)
                 blocks.append((key[1], rows, pos, [hidden, rms_in, rms_out]))
         if blocks:
             hidden = np.concatenate([fields[0] for *_, fields in blocks])            # [N, dim]: every layer's tokens
@@ -89,7 +89,7 @@ class Trace(FactRecorder):
                 self._columns_for("lens", path, "").put(rows, pos, [top_ids, top_probs, next_id, next_rank,
                                                                      next_prob, rms_in, rms_out])
                 start += len(rows)
-        self._lens_readout = self._lens_norm = None   # (a trace outlives its model: hold no reference to it)
+        self._lens_readout = self._lens_finish = None   # (a trace outlives its model: hold no reference to it)
 
     def _next_ids(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The token id recorded at each (row, pos + 1), -1 where none is."""
