@@ -94,6 +94,34 @@ def test_decode_records_equal_the_per_call_path_bit_for_bit(engines, monkeypatch
     assert_same_tables(tables(fast), tables(slow))
 
 
+def test_v4_streams_are_kept_for_the_lens_only_while_small(engines, monkeypatch):
+    """A one-token step hands the lens all layers at once (V4: the streams as they are) up to KEPT_STREAM_VALUES per
+    layer; past it a V4 step reads out layer by layer while a V4.1 step (which keeps a collapse of dim) still
+    batches, and V4's lens records are the same either way."""
+    v4, v41 = loaded(engines, "tiny-v4"), loaded(engines, "tiny-v4.1")
+    wide = v4.args.hc_mult * v4.args.dim                      # a tiny-v4 layer's streams: 4 × 64 values
+    init = lens_reads.LensReads.__init__
+    v4_lens = []
+    for limit, want in ((wide, {"V4": True, "V4.1": True}), (wide - 1, {"V4": False, "V4.1": True})):
+        batched = {}
+
+        def noting(self, model, n_tokens, ctx):
+            init(self, model, n_tokens, ctx)
+            if n_tokens == 1:   # a decode step
+                batched["V4" if model.family.hc_head else "V4.1"] = self.batched
+        with monkeypatch.context() as m:
+            m.setattr(lens_reads, "KEPT_STREAM_VALUES", limit)
+            m.setattr(lens_reads.LensReads, "__init__", noting)
+            for engine in (v4, v41):
+                trace = Trace(TraceBudget(lens=True))
+                engine.generate([PROMPT], max_new_tokens=3, trace=trace)
+                if engine is v4:
+                    v4_lens.append(trace.table("lens"))
+        assert batched == want, limit
+    assert v4_lens[0].keys() == v4_lens[1].keys()
+    assert all(np.array_equal(v4_lens[0][c], v4_lens[1][c]) for c in v4_lens[0])
+
+
 def _step(trace: Trace, pos: int, widths: dict[str, int], g: torch.Generator) -> None:
     """One decode step's records of a few layers (index lists of the given widths), as the model makes them."""
     rows, positions = torch.tensor([0]), torch.tensor([[pos]])

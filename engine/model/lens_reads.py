@@ -4,12 +4,17 @@ the trace, which applies it row by row when it resolves the lens, so every value
 path)."""
 from __future__ import annotations
 
-import torch
-
 from functools import partial
+
+import torch
 
 from .mhc import collapse
 from .norm import upcast
+
+# A V4 step keeps each layer's streams for the trace (hc·dim values each, where V4.1 keeps a collapse of dim) only up
+# to this many values per layer and token: 16 KB, a dim-4096 V4.1 collapse; wider V4 streams are read out layer by
+# layer, so that the lens's held bytes stay what they were.
+KEPT_STREAM_VALUES = 4096
 
 
 def stream_rms(h: torch.Tensor) -> torch.Tensor:
@@ -27,12 +32,14 @@ class LensReads:
     """Made by Transformer.run_layers when its trace records the lens: add() after each layer, finish() for the
     logits' input. A call of one token on the CPU (fp32, eager) keeps each recorded layer's streams (a few KB) until
     finish(), which hands them all over in a few ops instead of about ten per layer: V4.1's collapsed (one op for
-    all layers), V4's as they are (its hc_head and final norm run when the trace is read)."""
+    all layers), V4's as they are (its hc_head and final norm run when the trace is read; KEPT_STREAM_VALUES)."""
 
     def __init__(self, model, n_tokens: int, ctx):   # n_tokens: B·S
         self.model = model
+        a = model.args
         self.batched = (n_tokens == 1 and not ctx.static and model.dtype == torch.float32 and
-                        model.device.type == "cpu")
+                        model.device.type == "cpu" and
+                        (not model.family.hc_head or a.hc_mult * a.dim <= KEPT_STREAM_VALUES))
         self.layers: list[tuple] = []   # batched: (path, h_in, h, pre) of each recorded layer
         self.last: tuple | None = None   # per layer: the last recorded layer's (h, read-out)
         self.rms: tuple | None = None    # per layer: the last streams' (h, RMS): a layer's input is the last output
