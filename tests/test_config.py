@@ -43,6 +43,8 @@ def test_v4_configs():
 @pytest.mark.parametrize("mutate, message", [
     (lambda c: c["text_config"].update(hiden_size=1), "unknown key 'hiden_size' in text_config (did you mean 'hidden_size'?)"),
     (lambda c: c["text_config"].update(hidden_size="5120"), "'dim' must be an integer, got \"5120\""),
+    (lambda c: c["text_config"].update(name="wide"), "'name' in text_config is not a config key: a config's name is its "
+                                                    "file name"),
     (lambda c: c["text_config"].update(compress_ratios=[0] * 40), "'compress_ratios' has 40 entries; expected n_layers (40) + draft stages (3) = 43"),
     (lambda c: c["text_config"].update(kv_source_layer_ids=[2, 8, 14, 44]), "'kv_source_layers' has layer id(s) [44] outside 0..39"),
     (lambda c: c["text_config"].update(dspark_target_layer_ids=[37, 38, 40]), "'dspark_target_layer_ids' has layer id(s) [40]"),

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.sampling import sample_index
 from ..spec.errors import InputError
 
 GREEDY_T = 1e-5  # below this temperature a distribution is the one-hot argmax
@@ -48,9 +49,9 @@ def verify(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
             residual = (p[i] - q[i]).clamp_min(0)  # the part of p that q under-proposes
             mass = residual.sum()
             residual = residual / mass if mass > 1e-8 else p[i]
-            token = int(torch.multinomial(residual, 1, generator=generator))
+            token = int(sample_index(residual, generator))
             return Verdict(accepted=i, token=token, bonus=False)
-    token = int(torch.multinomial(p[n], 1, generator=generator))
+    token = int(sample_index(p[n], generator))
     return Verdict(accepted=n, token=token, bonus=True)
 
 

@@ -15,6 +15,12 @@ from ..spec.errors import EngineError, InputError
 # logit ±inf, and softmax NaN), and a distribution that sharp is greedy in all but exact ties. Use 0 for greedy.
 MIN_TEMPERATURE = 1e-4
 MAX_SEED = 2**63 - 1  # the largest seed: torch.Generator.manual_seed takes 64 bits, and seeds stay valid int64
+# sample_index keeps one running sum over up to ONE_PASS_MAX weights; a larger vocabulary is searched by blocks of
+# SAMPLE_BLOCK weights (their sums, then one block's running sum), since a float64 running sum over a 129,280-id
+# vocabulary costs many times more than the blocks (scripts/bench_sampling.py)
+ONE_PASS_MAX, SAMPLE_BLOCK = 16384, 256
+
+
 class NonFiniteLogitsError(EngineError):
     """The model produced NaN or Inf logits (broken weights or config values); no token can be chosen from them."""
 
@@ -172,7 +178,50 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
         raise NonFiniteLogitsError(f"generation stopped: the distribution row {row} is drawn from is not finite "
                                    "(its logits hold NaN or Inf); the checkpoint's weights or the config's float "
                                    "values are broken")
-    return torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
+    return torch.cat([sample_index(probs[i], g) for i, g in enumerate(generators)])
+
+
+def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index [1] (int64, on weights' device) drawn with probability proportional to the finite, non-negative
+    weights [V] (normalised or not), as torch.multinomial(weights, 1) draws it, from one uniform number u of
+    `generator`: the first index whose running sum (float64) exceeds u times the total, so that an index of weight 0
+    is never drawn. torch.multinomial draws one exponential variate per weight, several times slower on the CPU
+    (scripts/bench_sampling.py); this sums the weights once and, past ONE_PASS_MAX of them, keeps the running sum of
+    the block sums and of the one block u falls in."""
+    w = weights.reshape(-1)
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=w.device)
+    if w.numel() <= ONE_PASS_MAX:
+        running = w.double().cumsum(0)                                        # [V]
+        return torch.tensor([_first_above(running, u * _total(running))], device=w.device)
+    full = w.numel() - w.numel() % SAMPLE_BLOCK
+    sums = w[:full].view(-1, SAMPLE_BLOCK).sum(-1, dtype=torch.float64)       # [V // SAMPLE_BLOCK]
+    if full < w.numel():
+        sums = torch.cat([sums, w[full:].sum(0, dtype=torch.float64, keepdim=True)])
+    running = sums.cumsum(0)                                                  # [blocks]
+    target = u * _total(running)
+    b = _first_above(running, target)
+    inside = target - running[b - 1] if b else target                         # where u falls inside block b
+    start = b * SAMPLE_BLOCK
+    return torch.tensor([start + _first_above(w[start:start + SAMPLE_BLOCK].double().cumsum(0), inside)],
+                        device=w.device)
+
+
+def _total(running: torch.Tensor) -> torch.Tensor:
+    total = running[-1:]
+    if not bool(total > 0):
+        raise InputError(f"cannot draw from weights that sum to {float(total)} (they must be finite, non-negative "
+                         "and not all 0)")
+    return total
+
+
+def _first_above(running: torch.Tensor, target: torch.Tensor) -> int:
+    """The first position whose running sum [n] exceeds target [1] (0 <= target < the last sum): a position of
+    weight 0 leaves the sum as it was, so it is never the first. Rounding may put target at the last sum: then the
+    last position of positive weight."""
+    i = int(torch.searchsorted(running, target, right=True))
+    if i == running.numel():
+        i = int((torch.diff(running, prepend=running.new_zeros(1)) > 0).nonzero()[-1])
+    return i
 
 
 def check_finite_logits(logits: torch.Tensor, where: Callable[[int], str]) -> None:

@@ -298,7 +298,10 @@ def _flatten(raw: dict) -> tuple[dict[str, Any], dict[str, str]]:
         target = ALIASES.get(key, key) if key in ALIASES else key
         if target is None:
             return
-        if target not in FIELD_TYPES or target == "name":
+        if target == "name":  # ModelArgs.name is the file's (or folder's) name, never a key of the file
+            raise ConfigError(f"'{shown_key}' in {where} is not a config key: a config's name is its file name "
+                              "(or, for config.json, its folder's name)")
+        if target not in FIELD_TYPES:
             hint = difflib.get_close_matches(str(key)[:100], list(FIELD_TYPES) + list(ALIASES), n=1)
             raise ConfigError(f"unknown key '{shown_key}' in {where}"
                               + (f" (did you mean '{hint[0]}'?)" if hint else ""))
