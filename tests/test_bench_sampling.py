@@ -1,0 +1,38 @@
+"""scripts/bench_sampling.py: one row per vocabulary size, both ways timed, the ratio theirs; malformed arguments
+refused with a message."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "bench_sampling.py"
+CELL = r"\s+([\d.]+) \[\s*([\d.]+)–\s*([\d.]+)\]"
+ROW = re.compile(rf"^\s*(\d+){CELL}{CELL}  ×(\d+\.\d\d\d)$")
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_the_table_has_every_vocabulary_size():
+    out = run_script("--vocab", "50,20000", "--rounds", "2", "--seconds", "0.005")
+    assert out.returncode == 0, out.stderr
+    assert "2 interleaved rounds" in out.stdout and "1 thread(s)" in out.stdout
+    rows = [m for m in map(ROW.match, out.stdout.splitlines()) if m]
+    assert [int(m[1]) for m in rows] == [50, 20000]                 # one running sum, and blocks
+    for m in rows:
+        multinomial, ours = [tuple(float(v) for v in m.groups()[1 + 3 * i:4 + 3 * i]) for i in range(2)]
+        for med, low, high in (multinomial, ours):
+            assert 0 < low <= med <= high
+        ratio, (a, b) = float(m[8]), (ours[0], multinomial[0])   # medians printed to 0.1 µs, the ratio to 0.001
+        assert (a - 0.05) / (b + 0.05) - 5e-4 <= ratio <= (a + 0.05) / (b - 0.05) + 5e-4
+
+
+def test_malformed_arguments_are_refused():
+    for args in (("--vocab", "many"), ("--vocab", "0"), ("--rounds", "0"), ("--seconds", "0")):
+        out = run_script(*args)
+        assert out.returncode == 2 and "error:" in out.stderr, args
