@@ -66,6 +66,14 @@ def test_validation_names_the_key(mutate, message):
     assert message in str(e.value)
 
 
+def test_an_unknown_key_is_never_told_to_use_name():
+    config = raw(V41)
+    config["text_config"]["nam"] = "wide"   # closest to the field `name`, which a file cannot set
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(config)
+    assert "unknown key 'nam' in text_config" in str(e.value) and "name'?" not in str(e.value)
+
+
 def test_bad_files(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"dim": 5,')

@@ -207,6 +207,7 @@ def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> to
 
 
 def _total(running: torch.Tensor) -> torch.Tensor:
+    """The last running sum [1], refused unless positive."""
     total = running[-1:]
     if not bool(total > 0):
         raise InputError(f"cannot draw from weights that sum to {float(total)} (they must be finite, non-negative "

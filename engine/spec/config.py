@@ -302,7 +302,8 @@ def _flatten(raw: dict) -> tuple[dict[str, Any], dict[str, str]]:
             raise ConfigError(f"'{shown_key}' in {where} is not a config key: a config's name is its file name "
                               "(or, for config.json, its folder's name)")
         if target not in FIELD_TYPES:
-            hint = difflib.get_close_matches(str(key)[:100], list(FIELD_TYPES) + list(ALIASES), n=1)
+            keys = [k for k in [*FIELD_TYPES, *ALIASES] if k != "name"]
+            hint = difflib.get_close_matches(str(key)[:100], keys, n=1)
             raise ConfigError(f"unknown key '{shown_key}' in {where}"
                               + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         if target in out and out[target] != value:
