@@ -50,9 +50,9 @@ class TraceBuffers:
     def wants_lens(self, path: str) -> bool:
         return path in self.lens_paths
 
-    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, norm=None) -> None:
-        if norm is not None:  # (engine.model.lens_reads reads a static body's layers out one at a time, normed)
-            raise RuntimeError("the static decode body recorded a lens read-out before the final norm")
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, finish=None) -> None:
+        if finish is not None:  # (engine.model.lens_reads reads a static body's layers out one at a time, to the end)
+            raise RuntimeError("the static decode body recorded a lens read-out not read out to the end")
         if path in self.lens_paths:
             self.lens_readout = readout
             self._put(("lens", path, ""), (hidden, rms_in, rms_out))

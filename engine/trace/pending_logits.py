@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from .records import TokenRecord
 
-PENDING_BYTES = 16 * 2**20   # the block's size: 16 MiB of fp32 logits (1,298 rows of a 3,229-id vocabulary, 32 of 129,280)
+# the block's size: 16 MiB of fp32 logits (1,298 rows of a 3,229-id vocabulary, 32 of 129,280)
+PENDING_BYTES = 16 * 2**20
 
 
 class PendingLogits:
     """A decode step hands its token's logits [V] to the trace, which keeps only its top-k and log-probability.
     Working those out per step costs a log-softmax, a top-k and a few small ops between two forwards, where each op
     pays for the caches the forward has filled; here a step only copies its row into a preallocated fp32 block
-    [rows, V] (one op), and the rows are resolved together (engine.trace.token_logits.predicted_rows) when the
+    [rows, V] (one op), and the rows are resolved together (engine.trace.token_logits.set_predicted) when the
     block is full or a token record is read. The block holds PENDING_BYTES, so its memory is bounded whatever the
     run's length; its pages are touched only as rows are written."""
 
@@ -40,8 +41,5 @@ class PendingLogits:
             self.block = None
         if not records:
             return
-        from .token_logits import predicted_rows
-        logprob, ids, values, probs = predicted_rows(block[: len(records)], [r.token_id for r in records], k)
-        for i, record in enumerate(records):
-            record.logprob, record.top_ids, record.top_logits, record.top_probs = \
-                float(logprob[i]), ids[i], values[i], probs[i]
+        from .token_logits import set_predicted
+        set_predicted(records, block[: len(records)], k)

@@ -103,12 +103,12 @@ class FactRecorder:
             wanted = self._wants[("lens", path)] = self.budget.lens and self.budget.keeps_layer(path)
         return wanted
 
-    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, norm=None) -> None:
+    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, finish=None) -> None:
         """The logit lens of one layer: hidden [B, S, dim], the layer's output streams read out the way the model
         reads out its last layer (collapse, final norm); rms_in, rms_out [B, S, hc], each hc stream's RMS entering
         and leaving the layer. readout(hidden [N, dim]) -> logits [N, V]: the model's head. The hidden states are
         kept until the trace is read; then one batched head matmul turns them into the "lens" records (top-k,
-        the next token's rank and probability) and they are dropped (engine.trace.lens). norm: given for a hidden
+        the next token's rank and probability) and they are dropped (engine.trace.lens). finish: given for a hidden
         not yet read out (a one-token step's: V4.1's collapse before the final norm, [B, S, dim], or V4's streams
         [B, S, hc, dim]), the rest of the model's read-out (the final norm; V4's hc_head and final norm), which the
         trace applies to each such row on its own when it resolves the lens (as the step would have: a batch may
@@ -117,8 +117,8 @@ class FactRecorder:
             return
         self._lens_readout = readout
         kind = "lens_hidden"
-        if norm is not None:
-            kind, self._lens_finish = "lens_prenorm", norm
+        if finish is not None:
+            kind, self._lens_finish = "lens_prenorm", finish
         values = (hidden, rms_in, rms_out)
         if not self._defer((kind, path, ""), rows, positions, values):
             self._record(kind, path, "", rows, positions, values)

@@ -23,7 +23,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(torch.topk(logits, k))
     lead = logits.shape[:-1]
     body = logits[..., : n * CHUNK].unflatten(-1, (n, CHUNK))                 # [..., n, CHUNK]
-    chunks = torch.topk(body.amax(-1), k).indices                              # [..., k] the chunks with the largest maxima
+    chunks = torch.topk(body.amax(-1), k).indices                              # [..., k] chunks of the largest maxima
     candidates = body.gather(-2, chunks.unsqueeze(-1).expand(*lead, k, CHUNK))   # [..., k, CHUNK]
     top = torch.topk(candidates.flatten(-2), k)                                # [..., k] of their k·CHUNK logits
     values, ids = top.values, chunks.gather(-1, top.indices // CHUNK) * CHUNK + top.indices % CHUNK
@@ -49,3 +49,11 @@ def predicted_rows(logits: torch.Tensor, token_ids, k: int) -> tuple[np.ndarray,
     probs = log_probs.gather(-1, top_ids).exp()
     return (logprob.cpu().numpy(), top_ids.cpu().numpy().astype(np.int64), values.cpu().numpy().astype(np.float32),
             probs.cpu().numpy().astype(np.float32))
+
+
+def set_predicted(records: list, logits: torch.Tensor, k: int) -> None:
+    """Give each token record (engine.trace.records.TokenRecord) its log-probability and top-k under its row of
+    logits [len(records), V] (predicted_rows)."""
+    logprob, ids, values, probs = predicted_rows(logits, [r.token_id for r in records], k)
+    for i, rec in enumerate(records):
+        rec.logprob, rec.top_ids, rec.top_logits, rec.top_probs = float(logprob[i]), ids[i], values[i], probs[i]

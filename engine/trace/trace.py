@@ -47,11 +47,8 @@ class Trace(FactRecorder):
                   if (rec := tokens.get(start_pos + j + 1)) is not None and not rec.generated}
         if not scored:
             return
-        from .token_logits import predicted_rows  # (torch: only generation passes logits here)
-        logprob, ids, values, probs = predicted_rows(logits[list(scored)], [r.token_id for r in scored.values()],
-                                                     self.budget.top_k_logits)
-        for i, rec in enumerate(scored.values()):
-            rec.logprob, rec.top_ids, rec.top_logits, rec.top_probs = float(logprob[i]), ids[i], values[i], probs[i]
+        from .token_logits import set_predicted  # (torch: only generation passes logits here)
+        set_predicted(list(scored.values()), logits[list(scored)], self.budget.top_k_logits)
 
     def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
                      logits=None) -> None:
