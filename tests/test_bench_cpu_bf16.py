@@ -3,19 +3,13 @@ reference; malformed arguments refused with a message."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bench_cpu_bf16.py"
+from tests.script_helpers import script_runner
+
 CELL = r"\s+([\d.]+) \[\s*([\d.]+)–\s*([\d.]+)\] ×(\d+\.\d\d)"
 ROW = re.compile(rf"^\s*(\d+)x(\d+)\s+(\d+){CELL * 4}  (resident fp32 copy|widened per call|bf16 kernel)$")
 
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+run_script = script_runner("bench_cpu_bf16.py")
 
 
 def test_the_table_has_every_shape_and_row_count():

@@ -7,20 +7,18 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.script_helpers import ROOT, script_runner
+
 SCRIPT = ROOT / "scripts" / "bench_revision.py"
 NUMBER = r"[\d,]+\.\d"
 RANGE = rf"({NUMBER}) \[({NUMBER})–({NUMBER})\]"
 ROW = re.compile(rf"^(\S+)\s+(\d+)\s+(prefill|decode)\s+{RANGE}\s+{RANGE}\s+(\d+\.\d\d)\s+\[(\d+\.\d\d)–(\d+\.\d\d)\]$")
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+run_script = script_runner("bench_revision.py", timeout=600)
 
 
 def worktrees() -> str:

@@ -3,19 +3,13 @@ refused with a message."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bench_sampling.py"
+from tests.script_helpers import script_runner
+
 CELL = r"\s+([\d.]+) \[\s*([\d.]+)–\s*([\d.]+)\]"
 ROW = re.compile(rf"^\s*(\d+){CELL}{CELL}  ×(\d+\.\d\d\d)$")
 
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+run_script = script_runner("bench_sampling.py")
 
 
 def test_the_table_has_every_vocabulary_size():

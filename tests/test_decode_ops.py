@@ -3,17 +3,10 @@ with a message."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "decode_ops.py"
+from tests.script_helpers import script_runner
 
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+run_script = script_runner("decode_ops.py")
 
 
 def test_counts_the_ops_of_a_decode_step_per_dtype():
