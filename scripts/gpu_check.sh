@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check in < 10 min: Triton kernel tests natively on CUDA, then `bench --gpu`
 # (per-kernel times at V4.1-Flash widths, launches per decode step, decode tokens/s with/without kernels and
-# CUDA graphs, bandwidth floor). tests/test_graphs.py captures and replays real CUDA graphs here.
+# CUDA graphs, bandwidth floor). tests/graphs/test_graphs.py captures and replays real CUDA graphs here.
 # Without a GPU it runs the CPU-safe parts: interpreter kernel tests and an interpreter smoke run of the bench.
 # Results land in $OUT (default artifacts/gpu_check); BENCHMARKS.md is written by hand from bench.txt.
 set -uo pipefail
@@ -18,9 +18,9 @@ step() {  # step NAME SECONDS CMD... : run with a time limit, log to $OUT/NAME.t
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || { echo "!! $name failed (exit $rc)"; status=1; }
 }
-KERNEL_TESTS=(tests/test_kernels_compile.py tests/test_kernels_mhc.py tests/test_kernels_router.py tests/test_kernels_moe.py
-              tests/test_kernels_engram.py tests/test_kernels_engine.py tests/test_kernels_bench.py
-              tests/test_graphs.py)
+KERNEL_TESTS=(tests/kernels/test_kernels_compile.py tests/kernels/test_kernels_mhc.py tests/kernels/test_kernels_router.py tests/kernels/test_kernels_moe.py
+              tests/kernels/test_kernels_engram.py tests/kernels/test_kernels_engine.py tests/bench/test_kernels_bench.py
+              tests/graphs/test_graphs.py)
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
     "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'; } \

@@ -43,7 +43,7 @@ def quality_summary(q: dict, n: int) -> str:
 
 
 def readme_table(card: dict) -> str:
-    """The README's table of the shipped model, from card.json (tests/test_readme.py checks the README holds it)."""
+    """The README's table of the shipped model, from card.json (tests/project/test_readme.py checks the README holds it)."""
     h, b, e, d = card["heldout"], card["expert_balance"], card["engram"], card["dspark"]
     works = ", ".join(w.removesuffix("_gut").replace("_", " ").title() for w in card["corpus"]["works"]["heldout"])
     worst = max(b["layers"], key=lambda r: r["max_violation"])

@@ -1,0 +1,60 @@
+"""scripts/bench_dspark.py: the sampling options reach every mode's generate call (with the repeat's seed), bad
+values are refused, and the table labels differing outputs as expected only when sampling."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_dspark.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_dspark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv", [["--temperature", "-1"], ["--temperature", "nan"], ["--temperature", "inf"],
+                                  ["--repetition-penalty", "0"], ["--repetition-penalty", "nan"],
+                                  ["--repetition-penalty", "-2"]])
+def test_bad_decoding_options_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(argv)
+    assert "--temperature must be" in capsys.readouterr().err
+
+
+def test_each_mode_decodes_with_the_options_and_the_repeats_seed():
+    script, calls = load_script(), []
+
+    class Engine:
+        def generate(self, prompts, **kw):
+            calls.append(kw)
+            metrics = SimpleNamespace(mean_accepted_length=2.0, steps=3)
+            return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=1)
+
+    configs = {"plain": None, "all": object()}
+    sampling = {"temperature": 0.7, "repetition_penalty": 1.3}
+    plain = script.run(Engine(), [1, 2], "plain", configs, 8, False, sampling, seed=4)
+    drafted = script.run(Engine(), [1, 2], "all", configs, 8, False, sampling, seed=4)
+    assert [c["seed"] for c in calls] == [4, 4] and [c["dspark"] for c in calls] == [None, configs["all"]]
+    assert all(c["temperature"] == 0.7 and c["repetition_penalty"] == 1.3 and c["max_new_tokens"] == 8
+               for c in calls)
+    assert "accepted_length" not in plain and drafted["accepted_length"] == 2.0 and drafted["plain_steps"] == 1
+
+
+def test_differing_outputs_read_as_drawn_when_sampling_and_as_a_failure_when_greedy():
+    script = load_script()
+
+    def mode(tokens):
+        return {"tokens": tokens, "tokens_per_s": 10.0, "cpu_s": 1.0, "accepted_length": 2.0, "drafting_steps": 2,
+                "plain_steps": 0}
+    runs = [{"repeat": 0, "prompt": 0, "plain": mode([1, 2]), "auto": mode([1, 3]), "all": mode([1, 2])}]
+    greedy = script.table(["P"], runs)[2]
+    sampled = script.table(["P"], runs, sampled=True)[2]
+    assert greedy.endswith("| NO |") and sampled.endswith("| no (sampled) |")
+    runs[0]["auto"]["tokens"] = [1, 2]
+    assert script.table(["P"], runs)[2].endswith("| yes |")
