@@ -8,6 +8,7 @@ import numpy as np
 from ..spec.errors import InputError
 from .arrays import StagedCopy, host_view
 from .columns import FactColumns
+from .last_call import LastCall
 from .records import MHC_SITES, PENDING_KIND_OF, RECORDED_DTYPES, RECORDED_FIELDS, TraceBudget, layer_path, path_order
 from .seams import MIX_KIND, derives_later, packed_mix, post_comb, seam_values, stochastic_errors
 from .slots import CallTokens, TokenSlots
@@ -35,7 +36,7 @@ class FactRecorder:
         self._columns: dict[tuple[str, str, str], FactColumns] = {}   # (kind, path, site) -> its records
         self._slots = TokenSlots(self.budget.max_tokens)
         self._pending: list[tuple] = []   # GPU records whose host copy may still be in flight (see _flush)
-        self._last_call: tuple | None = None   # the last record call's tensors, their bytes and its CallTokens
+        self._last_call: LastCall | None = None   # the last record call's tensors, their bytes and its tokens
         self._step = StepRecords()   # the one-token records of _last_call's tokens, until the step ends (_defer)
         self._lens_readout = None   # the recording model's read-out of the lens (see record_lens), until resolved
         self._lens_finish = None    # and the rest of its read-out, for read-outs recorded before it (lens_prenorm)
@@ -129,9 +130,8 @@ class FactRecorder:
         they are (True) and written with the rest of the step's when it ends (StepRecords: at the token record, the
         next forward, a rollback or any read). False, with nothing kept, sends the call down the checked path."""
         last = self._last_call
-        if last is None or last[0] is not positions or last[1] is not rows or last[7].single is None or \
-                self._pending or self.budget.layers is not None or last[2] != self._slots.epoch or \
-                last[3].tobytes() != last[4] or (last[5] is not None and last[5].tobytes() != last[6]):
+        if last is None or last.tokens.single is None or self._pending or self.budget.layers is not None or \
+                not last.same_tokens(rows, positions, self._slots.epoch):
             return False
         self._step.keep(key, values)
         return True
@@ -260,9 +260,8 @@ class FactRecorder:
         """The last call's tokens when this call passes the same rows and positions tensors with the same values
         (read through views of their memory) and no slot was freed since: every layer of a forward does."""
         last = self._last_call
-        if last is not None and last[0] is positions and last[1] is rows and last[2] == self._slots.epoch and \
-                last[3].tobytes() == last[4] and (last[5] is None or last[5].tobytes() == last[6]):
-            return last[7]
+        if last is not None and last.same_tokens(rows, positions, self._slots.epoch):
+            return last.tokens
         return None
 
     def _admit(self, kind: str, path: str, rows, positions) -> CallTokens:
@@ -275,8 +274,8 @@ class FactRecorder:
         if len(row_list) != b:
             raise InputError(f"record_{kind}({path}): rows must be [B={b}], got {len(row_list)} rows")
         call = self._slots.admit(row_list, np.array(pos_view, np.int64).reshape(b, s))  # a copy of its own
-        self._last_call = (positions, rows, self._slots.epoch, pos_view, pos_view.tobytes(), rows_view,
-                           None if rows is None else rows_view.tobytes(), call)
+        self._last_call = LastCall(positions, rows, self._slots.epoch, pos_view, pos_view.tobytes(), rows_view,
+                                   None if rows is None else rows_view.tobytes(), call)
         return call
 
     @staticmethod
@@ -296,7 +295,7 @@ class FactRecorder:
     def _write_step(self) -> None:
         """End the step: its deferred records (see _defer) into the StepTables or the columns."""
         if self._step.kept:
-            call = self._last_call[7]   # (_defer kept only records of these tokens; _admit ends the step first)
+            call = self._last_call.tokens   # (_defer kept only records of these tokens; _admit ends the step first)
             self._step.write(*call.single, self._columns.get, self._columns_for,
                              lambda key, values: self._record(*key, None, None, values, call=call))
 
