@@ -61,8 +61,8 @@ def draft_block_ids(args, anchors) -> torch.Tensor:
 
 def draft_forward(model, ids: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
     """The block forward: ids [B, γ] → (Hd [B, γ, dim] pre-norm hidden, base logits U [B, γ, V] fp32, or
-    float64 for a float64 model). Sync-free when ctx.static, under engine.speedups.sync_free (what a CUDA graph
-    captures)."""
+    float64 for a float64 model). Sync-free with a CUDA-graph body's context (engine.graphs.static_context),
+    under engine.speedups.sync_free (what a CUDA graph captures)."""
     hidden = draft_hidden(model, ids, ctx)                                   # [B, γ, dim]
     return hidden, model.vocab_logits(model.mtp[-1].norm(hidden))           # [B, γ, V]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 
 from ..dspark.drafter import draft_block_ids, draft_forward, markov_drafts
-from ..model.draft import DraftContext
 from ..model.interventions import NONE
 from ..model.sampling import SamplingParams
 from ..spec.errors import InputError
 from ..speedups import sync_free
+from .static_context import StaticDraftContext
 
 _GREEDY = SamplingParams()
 
@@ -66,9 +66,9 @@ def draft_body(model, rings, inputs: DraftInputs, trace=None, greedy: bool = Fal
     under engine.speedups.sync_free)."""
     dev_rows = inputs.rows
     ring_rows = {layer: ring.index_select(0, dev_rows) for layer, ring in rings.rings.items()}  # [bucket, slots, D]
-    ctx = DraftContext(rows=dev_rows, positions=inputs.positions, rings=ring_rows, ring_index=inputs.ring_index,
-                       quant_sim=model.options.quant_sim, trace=trace, static=True,
-                       interventions=NONE)  # named here: torch.compile cannot trace a dataclass default object
+    ctx = StaticDraftContext(rows=dev_rows, positions=inputs.positions, rings=ring_rows,
+                             ring_index=inputs.ring_index, quant_sim=model.options.quant_sim, trace=trace,
+                             interventions=NONE)  # named here: torch.compile cannot trace a dataclass default object
     with sync_free():
         hidden, base = draft_forward(model, inputs.ids, ctx)                 # [bucket, γ, dim], [bucket, γ, V]
     inputs.hidden.copy_(hidden)

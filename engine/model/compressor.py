@@ -47,11 +47,9 @@ class Compressor(nn.Module):
         Row b completes groups start_b//r .. (start_b + S)//r − 1; G is the most any row completes.
         """
         r, S = self.ratio, ctx.n_tokens
-        first = ctx.start // r                               # [B] CPU (on the device with static shapes)
+        first = ctx.start // r                               # [B] CPU (a CUDA-graph body's: on the device)
         n_done = (ctx.start + S) // r - first                # [B] groups each row completes now
-        # static shapes: the most groups any row can complete in S tokens; rows completing fewer mark the
-        # rest invalid (their writes go to the scratch row), so no value is read back to size G
-        G = -(-S // r) if ctx.static else int(n_done.max())
+        G = ctx.groups_out(n_done, r)                        # rows completing fewer mark the rest invalid
         dev = x.device
         span = torch.arange(G, device=first.device)
         group = (first.unsqueeze(1) + span).to(dev)                        # [B, G]

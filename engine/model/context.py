@@ -28,10 +28,8 @@ class ForwardContext:
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
     indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
     interventions: Interventions = NONE        # what-if changes (engine.spec.interventions); NONE = the reference
-    # Static shapes (CUDA-graph decode, engine/graphs): rows and start live on the model's device, no layer
-    # reads a value back to the host to size a tensor, and widths are the cache's full capacity (masked)
-    # instead of the current position's. Off = the eager path, unchanged.
-    static: bool = False
+    # width, groups_out, trace_rows and hands_lens_unread read the call's values on the host; a CUDA-graph body's
+    # context (engine.graphs.static_context) overrides them with static shapes and no read-back
 
     def cached(self, key, make):
         if key not in self.memo:
@@ -48,11 +46,18 @@ class ForwardContext:
         return (self.positions + 1) // ratio
 
     def width(self, ratio: int) -> int:
-        """Compressed rows any query of this call can see (the widest row's (start + S) // ratio); with
-        static shapes the cache's full capacity (rows past a query's `visible` are masked downstream)."""
-        if self.static:
-            return self.cache.max_seq_len // ratio + 1
+        """Compressed rows any query of this call can see (the widest row's (start + S) // ratio)."""
         return int(((self.start + self.n_tokens) // ratio).max())
+
+    def groups_out(self, n_done: torch.Tensor, ratio: int) -> int:
+        """How many groups a compressor of this ratio returns per row, n_done [B] being the groups each row
+        completes in this call: the most any row completes."""
+        return int(n_done.max())
+
+    def hands_lens_unread(self) -> bool:
+        """Whether a one-token call's logit lens may hand the trace its layers not yet read out, all at the end
+        (engine.model.lens_reads.LensReads.batched): the Trace reads them out when it is read."""
+        return True
 
     def tail(self, n: int) -> "ForwardContext":
         """The same call restricted to each row's last n tokens (bounded replay)."""
@@ -64,8 +69,5 @@ class ForwardContext:
                        topk={k: v[:, skip:] for k, v in self.topk.items()}, candidates=cand, memo={}, tokens=tokens)
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows [B], positions [B, S]) on the CPU, as the Trace receives them (with static shapes: the
-        device tensors as they are; the graph's trace buffers ignore them and the host supplies its own)."""
-        if self.static:
-            return self.rows, self.positions
+        """(rows [B], positions [B, S]) on the CPU, as the Trace receives them."""
         return self.rows, self.cached("positions_cpu", lambda: self.positions.cpu())

@@ -66,7 +66,6 @@ class DraftContext:
     trace: object | None = None
     image_mask: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)
-    static: bool = False            # CUDA-graph draft body: static shapes, no host reads (engine.graphs)
     interventions: Interventions = NONE   # what-if changes; the drafter reads drop-stage (backbone ones reach it
                                           # through the target's taps)
 
@@ -76,10 +75,8 @@ class DraftContext:
         return self.memo[key]
 
     def trace_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, positions) as the Trace receives them; static: the device tensors as they are (the graph's
-        trace buffers ignore them and the host supplies its own)."""
-        if self.static:
-            return self.rows, self.positions
+        """(rows, positions) as the Trace receives them (a CUDA-graph draft body's context,
+        engine.graphs.static_context, passes the device tensors as they are)."""
         return self.rows, self.cached("positions_cpu", lambda: self.positions.cpu())
 
 

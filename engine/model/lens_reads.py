@@ -37,7 +37,7 @@ class LensReads:
     def __init__(self, model, n_tokens: int, ctx):   # n_tokens: B·S
         self.model = model
         a = model.args
-        self.batched = (n_tokens == 1 and not ctx.static and model.dtype == torch.float32 and
+        self.batched = (n_tokens == 1 and ctx.hands_lens_unread() and model.dtype == torch.float32 and
                         model.device.type == "cpu" and
                         (not model.family.hc_head or a.hc_mult * a.dim <= KEPT_STREAM_VALUES))
         self.layers: list[tuple] = []   # batched: (path, h_in, h, pre) of each recorded layer

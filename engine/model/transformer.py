@@ -150,8 +150,8 @@ class Transformer(HCHead):
         """The device part of forward: tokens [B, S] on the model's device, a prepared context and the
         hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → ForwardOutput.
         Reads and writes ctx.cache's tensors in place; touches none of the host bookkeeping (pos, history).
-        With ctx.static no width depends on a value (the CUDA-graph decode body, engine.graphs, which also
-        runs the MoE and Sinkhorn under engine.speedups.sync_free so that nothing reads back to the host)."""
+        With a static context no width depends on a value (the CUDA-graph decode body: engine.graphs.static_context;
+        it also runs the MoE and Sinkhorn under engine.speedups.sync_free so that nothing reads back to the host)."""
         a, dev = self.args, self.device
         B, S = tokens.shape
         ctx.tokens = tokens                                                    # V4 hash routing reads the ids

@@ -5,12 +5,13 @@ import torch
 
 from ..model.attention import all_visible
 from ..model.context import ForwardContext
+from .sync_free import sync_free_active
 
 
 def call_width(ctx: ForwardContext, ratio: int) -> int:
-    """ctx.width(ratio): compressed rows the call's widest row can see (with static shapes: the capacity),
-    from the host's positions, once per call and ratio."""
-    if ctx.static:
+    """ctx.width(ratio): compressed rows the call's widest row can see, from the host's positions, once per call
+    and ratio (under sync_free(), ctx.width itself: a CUDA-graph body's context gives the capacity)."""
+    if sync_free_active():
         return ctx.width(ratio)
     starts = ctx.cached("starts", ctx.start.tolist)
     return ctx.cached(("width", ratio), lambda: max((s + ctx.n_tokens) // ratio for s in starts))
@@ -38,9 +39,9 @@ def ring_slots(ctx: ForwardContext, slots: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def call_rows(ctx: ForwardContext, cache_tensor: torch.Tensor) -> torch.Tensor:
-    """The call's rows of a [rows, …] cache tensor: a view for one row, a gather for several (and with static
-    shapes, where the row lives on the device)."""
-    if ctx.rows.numel() == 1 and not ctx.static:
+    """The call's rows of a [rows, …] cache tensor: a view for one row, a gather for several (and under
+    sync_free(), where a CUDA-graph body keeps the row on the device)."""
+    if ctx.rows.numel() == 1 and not sync_free_active():
         row = ctx.cached("row", lambda: int(ctx.rows[0]))
         return cache_tensor[row:row + 1]
     return cache_tensor[ctx.rows_dev]

@@ -8,11 +8,12 @@ from ..model.compressor import Compressor
 from ..model.context import ForwardContext
 from ..model.norm import upcast
 from .derived import derived
+from .sync_free import sync_free_active
 
 
 class FastCompressor(Compressor):
-    """Compressor.forward for the cases a decode step meets (the rest runs the reference code, as do static
-    shapes and autograd):
+    """Compressor.forward for the cases a decode step meets (the rest runs the reference code, as do autograd
+    and sync_free(), where a CUDA-graph body's static shapes read no value back):
 
     * ratio 1 (ungated): group = position, every group complete, without the reference's bookkeeping;
     * the call's tokens finish no group (ratio − 1 steps in ratio): the pooling would be empty, so the tokens'
@@ -27,7 +28,7 @@ class FastCompressor(Compressor):
         if not self.gated:  # V4.1 ratio 1: each token is its own group, at its own position, always complete
             return self.norm(self.wkv(x)), ctx.positions, ctx.cached(
                 "all_valid", lambda: torch.ones_like(ctx.positions, dtype=torch.bool))
-        if ctx.static:
+        if sync_free_active():
             return super().forward(x, ctx)
         r, S = self.ratio, ctx.n_tokens
         starts = ctx.cached("starts", ctx.start.tolist)

@@ -10,6 +10,7 @@ from ..model.rope import apply_rope
 from .call_values import call_rows, call_visible, call_width, every_visible_row
 from .fast_quant import fp4_qdq, v4_index_qdq
 from .fast_rope import MAX_ROTATED_POSITIONS, rotate, rotation_of
+from .sync_free import sync_free_active
 
 
 class FastIndexer(Indexer):
@@ -22,11 +23,11 @@ class FastIndexer(Indexer):
     * otherwise, for a few queries, RoPE as one matmul (engine.speedups.fast_rope) and the reference's loop body
       without its slicing (scores still come from Indexer._scores);
     * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit.
-    Autograd runs the reference code; static shapes (CUDA graphs, torch.compile) the reference forward, over
-    the fast inputs."""
+    Autograd runs the reference code; sync_free() (the static shapes of CUDA graphs and torch.compile) the
+    reference forward, over the fast inputs."""
 
     def _reference_needed(self, ctx: ForwardContext) -> bool:
-        return ctx.static or (torch.is_grad_enabled() and self.wq_b.weight.requires_grad)
+        return sync_free_active() or (torch.is_grad_enabled() and self.wq_b.weight.requires_grad)
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         role = self.role
