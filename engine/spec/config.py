@@ -144,10 +144,6 @@ class ModelArgs:
         return (2 + self.hc_mult) * self.hc_mult
 
     @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.rope_head_dim
-
-    @property
     def draft_n_routed_experts(self) -> int:
         return self.dspark_n_routed_experts or self.n_routed_experts
 

@@ -18,7 +18,6 @@ JSON_MAX_INT_DIGITS = 100
 # String values (model_type, dtype, score_func, ...) are short names; a long one is not a name.
 STR_MAX_CHARS = 100
 
-KIB = 1 << 10
 MIB = 1 << 20
 VOCAB_MAX = 1 << 22        # token ids and vocabularies: 32× V4.1's 129,280
 WIDTH_MAX = 1 << 16        # hidden sizes and ranks: 12× V4.1's dim 5,120

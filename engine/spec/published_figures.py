@@ -9,12 +9,8 @@ from .accounting import GIB, account
 if TYPE_CHECKING:
     from .config import ModelArgs
 
-# Where the published numbers come from (seed 000: model card, tech report §4.2.1, vLLM recipe memory
-# table; seed 002: V4-Flash-DSpark diagram page; spec §2.1 and §5).
-SOURCES = {
-    "v4.1": "V4.1-Flash model card / tech report, vLLM recipe memory table, spec §2.1/§5",
-    "v4": "V4-Flash model card (284B total, 13B activated)",
-}
+# Where the published numbers come from: V4.1-Flash's model card and tech report (§4.2.1), the vLLM recipe's
+# memory table and spec §2.1/§5; V4-Flash's model card (284B total, 13B activated) and DSpark diagram page.
 
 
 @dataclass(frozen=True)
@@ -120,6 +116,3 @@ def _v4(a: "ModelArgs") -> list[Figure]:
                "embedding excluded (gather). The published figure is rounded."),
     ]
 
-
-def figures_json(args: "ModelArgs") -> list[dict]:
-    return [f.to_dict() for f in published_figures(args)]

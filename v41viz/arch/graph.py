@@ -17,7 +17,6 @@ KIND_OF_TYPE = {
 }
 # Edge kinds: flow (activations), residual (the mHC streams bypassing a sublayer), part (module → its
 # submodule), shares (a layer reads another layer's compressed KV or index keys), tap (DSpark input).
-EDGE_KINDS = ("flow", "residual", "part", "shares", "tap")
 
 
 def build_graph(args: ModelArgs) -> nx.DiGraph:

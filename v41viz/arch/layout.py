@@ -23,10 +23,6 @@ SIDE_X, SIDE_W = 9.75, 2.5
 BOX_H, PITCH = 0.74, 1.12
 
 
-def layer_title(g: nx.DiGraph, path: str) -> str:
-    return g.nodes[path]["label"]
-
-
 def build_layout(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], expanded: set[str],
                  focus_layer: int, fmt_params=None, opened: frozenset[str] = frozenset()) -> Layout:
     """fmt_params(node_id) → short size text for a box, or None when accounting is unavailable. opened: 'attn'

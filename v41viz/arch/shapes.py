@@ -86,10 +86,6 @@ class Shapes:
     def tokens_flat(self) -> str:
         return shape("B·S", self.a.dim)
 
-    @property
-    def expert_hidden(self) -> str:
-        return shape("tokens", self.a.moe_inter_dim)
-
     # the drafter
     @property
     def taps(self) -> str:

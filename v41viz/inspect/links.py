@@ -51,8 +51,3 @@ def architecture_query(config: str, node: str) -> dict[str, str]:
     return {"config": config, "node": node}
 
 
-def inspect_query(model: str, node: str, token: int | None = None) -> dict[str, str]:
-    out = {"model": model, "node": node}
-    if token is not None:
-        out["token"] = str(token)
-    return out

@@ -25,7 +25,6 @@ class RunFacts:
     model: str
     weights: str
     prompt: str
-    generated_text: str
     n_prompt_tokens: int
     n_generated: int
     n_routed_experts: int
@@ -73,7 +72,6 @@ def run_facts(trace: Trace, row: int = 0) -> RunFacts:
     steps = [s for s in trace.dspark_steps if s.row == row]
     return RunFacts(model=model.name, weights=str(trace.meta.get("weights", "")),
                     prompt=str(trace.meta.get("prompt", "")),
-                    generated_text="".join(t.text for t in tokens if t.generated),
                     n_prompt_tokens=sum(not t.generated for t in tokens), n_generated=sum(t.generated for t in tokens),
                     n_routed_experts=model.n_routed_experts, n_activated_experts=model.n_activated_experts,
                     n_hash_layers=model.n_hash_layers, dspark=summarize(steps) if steps else None)

@@ -17,10 +17,6 @@ class ViewState:
     expand: tuple[str, ...] = ()      # folded group ids shown layer by layer
     open: tuple[str, ...] = ()        # "attn" / "ffn": the focused layer's attention / MoE drawn opened
 
-    @property
-    def is_upload(self) -> bool:
-        return self.config.startswith(UPLOAD_PREFIX)
-
 
 def from_query(params: Mapping[str, str | list[str]]) -> ViewState:
     """Read st.query_params (or any mapping); missing keys fall back to the defaults."""
