@@ -10,7 +10,8 @@ st.markdown("An inspector for DeepSeek-V4.1-Flash and its predecessor V4-Flash, 
             "and backed by the project's PyTorch engine.")
 st.page_link("pages/architecture.py", label="Architecture — the diagram, module details and accounting",
              icon=":material/account_tree:")
-st.page_link("pages/compare.py", label="Compare — two configs, or two runs of one prompt, side by side", icon=":material/compare_arrows:")
+st.page_link("pages/compare.py", label="Compare — two configs, or two runs of one prompt, side by side",
+             icon=":material/compare_arrows:")
 st.page_link("pages/inspect.py", label="Inspect — generate from a prompt and watch experts, mHC, Engram and DSpark",
              icon=":material/monitoring:")
 st.caption("The config chosen in the sidebar is shared by every page; each page's URL keeps its view.")

@@ -1,4 +1,4 @@
-"""Decode tokens/s on 1, 2 and 4 CPU ranks (torchrun, gloo) and the communication per decode token of V4.1-Flash at TP/EP 8.
+"""Decode tokens/s on 1, 2 and 4 CPU ranks (torchrun, gloo); communication per decode token of V4.1-Flash at TP/EP 8.
 
     .venv/bin/python scripts/bench_parallel.py [--config default-small] [--ranks 1 2 4] [--runs 3]
 
@@ -63,7 +63,8 @@ def main() -> int:
           f"{a.runs} launches each, 1 torch thread per rank, {os.cpu_count()} CPU cores")
     for n in a.ranks:
         med = statistics.median(rates[n])
-        print(f"  {n} rank{'s' if n > 1 else ' '}  median {med:8.1f}   range {min(rates[n]):8.1f} – {max(rates[n]):8.1f}"
+        print(f"  {n} rank{'s' if n > 1 else ' '}  median {med:8.1f}   "
+              f"range {min(rates[n]):8.1f} – {max(rates[n]):8.1f}"
               f"   × {med / one:.2f} of {a.ranks[0]} rank")
     print()
     print("\n".join(volume_lines(resolve_config("deepseek-v4.1-flash"), 8)))

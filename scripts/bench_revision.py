@@ -62,7 +62,8 @@ def resolve_revision(rev: str) -> str:
     try:
         return git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except BenchError:
-        raise BenchError(f"revision '{rev}' is not a commit in {ROOT} (try a hash, a branch, a tag or HEAD~N)") from None
+        raise BenchError(f"revision '{rev}' is not a commit in {ROOT} "
+                         "(try a hash, a branch, a tag or HEAD~N)") from None
 
 
 def describe_working_tree() -> str:

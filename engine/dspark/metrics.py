@@ -1,8 +1,8 @@
 """DSpark aggregates over recorded steps: acceptance, accepted length, per-position acceptance, calibration."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -1,8 +1,8 @@
 """Engine: a model with its tokenizer, and the one entry point to plain and DSpark (speculative) generation."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numbers
 import operator
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 

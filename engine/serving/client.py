@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from multiprocessing.connection import Client
 from pathlib import Path
-from typing import Sequence
 
 from ..generation import Engine, GenerationResult, StepInfo
 from ..spec.config import config_from_dict

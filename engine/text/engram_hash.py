@@ -1,7 +1,8 @@
 """Engram n-gram hashing (spec §4.4.3), vectorized over batch, positions and all Engram layers (numpy, torch-free)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

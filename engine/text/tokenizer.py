@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import operator
+from collections.abc import Iterable, Sequence
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ..spec.errors import InputError, MissingFileError
 

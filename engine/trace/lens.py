@@ -2,7 +2,7 @@
 (read-outs recorded before the rest of the model's read-out get it first, row by row)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

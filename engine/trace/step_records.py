@@ -1,7 +1,7 @@
 """StepRecords: a decode step's one-token records, kept as the model's tensors until the step ends, then stacked."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .records import RECORDED_DTYPES
 from .step_table import StepTable

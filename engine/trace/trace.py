@@ -1,8 +1,9 @@
 """Trace: the facts a forward pass and generation record (routing, mHC, Engram, attention, lens, tokens, DSpark)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -52,7 +52,7 @@ def compare_prompts(engine, ids: list[list[int]], temperature: float, extra: dic
     spark_rate = statistics.median(rate(r) for r in runs[True])
     m = summarize([s for r in spark for s in r.steps])
     per_prompt = []
-    for i, p in enumerate(ids):
+    for i in range(len(ids)):
         each = [rate([d[i]]) / rate([q[i]]) for q, d in zip(runs[False], runs[True])]
         per_prompt.append({"steps": len(spark[i].steps),
                            "mean_accepted_length": summarize(spark[i].steps).mean_accepted_length,

@@ -6,9 +6,9 @@ greedy ones never reach, and under a penalty along the text the penalty steers i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

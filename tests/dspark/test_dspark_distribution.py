@@ -132,7 +132,10 @@ def test_chi_square_p_value_matches_known_quantiles():
     # 15 degrees of freedom: P(χ² > 37.697) = 0.001 and P(χ² > 14.339) = 0.5 (standard tables)
     probs = torch.full((16,), 1 / 16, dtype=torch.float64)
     assert chi_square_p(torch.tensor([64.0] * 16), probs) == pytest.approx(1.0)
-    stat = lambda p: float(torch.special.gammaincc(torch.tensor(7.5, dtype=torch.float64), torch.tensor(p / 2)))
+
+    def stat(p):
+        return float(torch.special.gammaincc(torch.tensor(7.5, dtype=torch.float64), torch.tensor(p / 2)))
+
     assert stat(37.697) == pytest.approx(1e-3, rel=1e-3) and stat(14.339) == pytest.approx(0.5, rel=1e-3)
 
 

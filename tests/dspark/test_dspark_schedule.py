@@ -143,7 +143,7 @@ def test_plain_fallback_waits_longer_after_each_look_that_does_not_pay():
             plain += 1
         waits.append(plain)                      # then drafts() returned True: the next judge is that look's
     assert waits == [min(2 ** k, PlainFallback.MAX_WAIT) for k in range(7)] and waits[-1] == waits[-2]
-    for looks in range(1, 4):                    # looks whose drafts pay: the mean climbs back over 1
+    for looks in range(1, 4):  # noqa: B007 (read below) looks whose drafts pay: the mean climbs back over 1
         fallback.judge(sure, [4], [4])
         if fallback.gain >= 1:
             break

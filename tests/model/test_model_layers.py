@@ -162,7 +162,7 @@ def test_engram_rows_match_hand_hash_and_gates_are_zero_on_dead(model, tokens):
                 h = 0
                 for s in range(n):
                     h ^= toks[s] * mults[li][s]
-                for head in range(a.engram_n_heads):
+                for _head in range(a.engram_n_heads):
                     assert int(rec["row_ids"][0, t, col]) == h % primes[li][col] + offs[li][col]
                     col += 1
         assert (rec["row_ids"] < a.engram_num_embeddings[li]).all()

@@ -75,7 +75,10 @@ def test_v41_names_shapes_dtypes(name, shape, dtype):
 
 def test_v41_roles_decide_who_owns_compressors_indexers_engram():
     names = by_name(V41)
-    owners = lambda suffix: sorted(int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.endswith(suffix))
+
+    def owners(suffix):
+        return sorted(int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.endswith(suffix))
+
     assert owners("attn.compressor.wkv.weight") == [2, 8, 14, 20]
     assert owners("attn.compressor.wgate.weight") == [2, 8, 14]          # ratio-1 source has no gate
     assert owners("attn.indexer.wk.weight") == [2, 8, 14, 20]

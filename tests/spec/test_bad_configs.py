@@ -244,9 +244,9 @@ def test_every_preset_stays_well_inside_the_limits():
     from engine.spec import limits
     for name, path in list_presets().items():
         a = load_config(path)
-        for key, (lo, hi) in limits.INT_RANGES.items():
+        for key, (_lo, hi) in limits.INT_RANGES.items():
             assert getattr(a, key) <= hi // 2, (name, key)
-        for key, (lo, hi, _) in limits.FLOAT_RANGES.items():
+        for key, (_lo, hi, _) in limits.FLOAT_RANGES.items():
             assert getattr(a, key) is None or getattr(a, key) <= hi / 2, (name, key)
         total = a.n_layers * a.n_routed_experts + a.n_draft_stages * a.draft_n_routed_experts
         assert total <= limits.MAX_ROUTED_EXPERTS_TOTAL // 2, name

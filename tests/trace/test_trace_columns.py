@@ -90,7 +90,7 @@ def test_columns_record_what_a_token_by_token_recorder_records(seed):
     budget = TraceBudget(max_tokens=[None, 9, 25][seed % 3], attention=True)
     trace, ref = Trace(budget), TokenByToken(budget.max_tokens)
     paths = ("layers.0", "layers.1", "mtp.0")
-    for step in range(40):
+    for _step in range(40):
         b, s = int(rng.integers(1, 3)), int(rng.integers(1, 4))
         rows_list = [int(x) for x in rng.integers(0, 3, b)]
         rows = torch.tensor(rows_list)

@@ -139,7 +139,7 @@ def test_card_dspark_accepted_length_is_remeasured_equal(engine, card):
 def test_card_text_quality_is_remeasured_equal(engine, card, corpus):
     q = card["text_quality"]
     known = set(words_of(engine.tokenizer.decode(corpus["train"].tolist())))
-    for name, run in q["runs"].items():
+    for run in q["runs"].values():
         options = {"repetition_penalty": run["repetition_penalty"], "no_repeat_ngram": run["no_repeat_ngram"]}
         summary, rows = greedy_quality(engine, q["prompts"], q["new_tokens"], known, **options)
         assert [r["text"] for r in rows] == [r["text"] for r in run["per_prompt"]]

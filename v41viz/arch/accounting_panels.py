@@ -78,12 +78,15 @@ def role_table(args: ModelArgs) -> pd.DataFrame:
     for r in args.roles:
         rows.append({"layer": r.path, "ratio": r.ratio, "attention": r.attn_kind,
                      "rope": f"{r.rope_base:g}" + (" + YaRN" if r.yarn else ""),
-                     "KV": {"window": "window only", "own": "own compressor"}.get(r.kv_mode, f"reads layer {r.kv_source}"),
-                     "indexer": {"none": "–", "own": "own keys + query", "reindex": f"Reindex (keys of {r.index_key_source})",
+                     "KV": {"window": "window only", "own": "own compressor"}.get(
+                         r.kv_mode, f"reads layer {r.kv_source}"),
+                     "indexer": {"none": "–", "own": "own keys + query",
+                                 "reindex": f"Reindex (keys of {r.index_key_source})",
                                  "reuse": f"reuses layer {r.index_source}"}[r.indexer],
                      "other": ", ".join(x for x, on in (("candidate source", r.candidate_source),
-                                                        ("within candidates", r.uses_candidates), ("Engram", r.engram),
-                                                        ("DSpark tap", r.tapped), ("hash-routed", r.hash_routed)) if on)})
+                                                        ("within candidates", r.uses_candidates),
+                                                        ("Engram", r.engram), ("DSpark tap", r.tapped),
+                                                        ("hash-routed", r.hash_routed)) if on)})
     return pd.DataFrame(rows)
 
 
@@ -99,6 +102,7 @@ def experts_touched_figure(args: ModelArgs, measured: dict[int, float] | None = 
                         name=f"{name}: E={e}, k={k} (closed form)")
     if measured:
         fig.add_scatter(x=list(measured), y=list(measured.values()), mode="markers", name="measured (trace)")
-    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), xaxis=dict(type="log", title="tokens in batch B", tickvals=batches),
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10),
+                      xaxis=dict(type="log", title="tokens in batch B", tickvals=batches),
                       yaxis_title="distinct experts read per layer", legend=LEGEND_ABOVE)
     return fig

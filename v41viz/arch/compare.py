@@ -20,7 +20,8 @@ def mechanisms(a: ModelArgs) -> dict[str, str]:
         "index sources": (str(list(a.index_source_layers)) if a.index_source_layers
                           else "own indexer in every ratio-4 layer" if 4 in ratios else "none"),
         "candidate filter (two-level top-k)": (f"layer {a.candidate_source_layer}: {a.candidate_topk_blocks} blocks × "
-                                               f"{a.candidate_block_size}" if a.candidate_source_layer >= 0 else "absent"),
+                                               f"{a.candidate_block_size}"
+                                               if a.candidate_source_layer >= 0 else "absent"),
         "Engram": f"layers {list(a.engram_layer_ids)}" if a.has_engram else "absent",
         "hash-routed layers": str(a.n_hash_layers) if a.n_hash_layers else "none",
         "mHC final collapse": "learned hc_head" if a.family == "v4" else "single-pass pre chain (no hc_head)",
@@ -71,7 +72,8 @@ def role_diff(a: ModelArgs, b: ModelArgs) -> pd.DataFrame:
 
 
 def folded_stack(a: ModelArgs) -> pd.DataFrame:
-    return pd.DataFrame([{"group": g.label, "role": "  /  ".join(g.variants)} for g in fold_layers(a.roles, a.n_layers)])
+    groups = fold_layers(a.roles, a.n_layers)
+    return pd.DataFrame([{"group": g.label, "role": "  /  ".join(g.variants)} for g in groups])
 
 
 def field_diff(a: ModelArgs, b: ModelArgs) -> pd.DataFrame:

@@ -156,7 +156,8 @@ def _box(c: Canvas, b: Box, selected: bool, hover: str) -> str:
 def _title_row(c: Canvas, b: Box) -> str:
     """An opened box's title and size on one line at its top left."""
     x, y = c.x(b.left + 0.15), c.y(b.top + 0.26)
-    sub = f'<tspan fill="#4b5563" font-weight="normal" font-size="9.5">  {escape(b.subtitle)}</tspan>' if b.subtitle else ""
+    sub = (f'<tspan fill="#4b5563" font-weight="normal" font-size="9.5">  {escape(b.subtitle)}</tspan>'
+           if b.subtitle else "")
     return (f'<text x="{x}" y="{y}" dominant-baseline="central" font-size="11" font-weight="bold" fill="#111827">'
             f'{escape(b.title)}{sub}</text>')
 

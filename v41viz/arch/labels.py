@@ -35,7 +35,8 @@ def box_rects(lay: Layout) -> list[Rect]:
     out = []
     for b in lay.boxes.values():
         if b.container:   # its title row, and its top and bottom borders (a label there reads struck through)
-            out += [(b.left, b.top - 0.03, b.right, b.top + TITLE_BAND), (b.left, b.bottom - 0.03, b.right, b.bottom + 0.03)]
+            out += [(b.left, b.top - 0.03, b.right, b.top + TITLE_BAND),
+                    (b.left, b.bottom - 0.03, b.right, b.bottom + 0.03)]
             continue
         out.append((b.left, b.top - (0.1 if b.stacked else 0), b.right + (0.2 if b.stacked else 0), b.bottom))
         if b.badge:

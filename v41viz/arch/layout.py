@@ -34,7 +34,8 @@ def build_layout(args: ModelArgs, g: nx.DiGraph, groups: list[LayerGroup], expan
 
     def stack_box(node: str, title: str, subtitle: str, kind: str, **kw) -> str:
         nonlocal y
-        key = lay.add(Box(f"stack:{kw.pop('key', node)}", node, STACK_X, y, STACK_W, BOX_H, kind, title, subtitle, **kw))
+        key = lay.add(Box(f"stack:{kw.pop('key', node)}", node, STACK_X, y, STACK_W, BOX_H, kind, title, subtitle,
+                          **kw))
         y += PITCH
         return key
 
@@ -117,7 +118,8 @@ def _drafter(lay: Layout, g: nx.DiGraph, args: ModelArgs, groups, size) -> float
     for s in range(args.n_draft_stages):
         node = f"mtp.{s}"
         out = shapes.draft_hidden if args.has_dspark and s == last else shapes.draft_streams
-        box(node, g.nodes[node]["label"], f"{args.draft_n_routed_experts} experts, top-{args.draft_n_activated_experts}",
+        box(node, g.nodes[node]["label"],
+            f"{args.draft_n_routed_experts} experts, top-{args.draft_n_activated_experts}",
             out if args.has_dspark else shapes.streams)
     if args.has_dspark:
         stage = f"mtp.{last}"

@@ -32,7 +32,8 @@ def _embed(a: ModelArgs, r) -> ModuleDoc:
         f"{a.hc_mult} identical streams.",
         "Positions are not added here: RoPE inside attention carries them. The table is not tied to the LM "
         "head; the DSpark drafter reuses this same table to embed its draft ids, so it has no copy of its own.",
-        f"h = embed.weight[ids]            # [B, S, {a.dim}]\nX = h repeated into {a.hc_mult} streams     # [B, S, {a.hc_mult}, {a.dim}]")
+        f"h = embed.weight[ids]            # [B, S, {a.dim}]\n"
+        f"X = h repeated into {a.hc_mult} streams     # [B, S, {a.hc_mult}, {a.dim}]")
 
 
 def _head(a: ModelArgs, r) -> ModuleDoc:
@@ -70,11 +71,13 @@ def _draft_block(a: ModelArgs, r) -> ModuleDoc:
             "h' = block(proj([norm(h_t) ; norm(embed(x_{t+1}))]))  →  head(h')")
     return ModuleDoc(
         f"DSpark stage {r.layer - a.n_layers}" if r else "DSpark stage",
-        f"A drafter block: {a.draft_n_routed_experts} experts top-{a.draft_n_activated_experts}, window attention only.",
+        f"A drafter block: {a.draft_n_routed_experts} experts top-{a.draft_n_activated_experts}, "
+        "window attention only.",
         f"An ordinary block (mHC, attention, MoE) that runs over the {a.dspark_block_size} draft positions at once. "
         f"Its attention sees a private {a.window_size}-slot ring of keys built from the backbone's tapped states "
         "plus all draft rows (non-causal within the block).",
-        f"{a.n_draft_stages} cheap stages instead of the {a.n_layers}-layer backbone make drafting several tokens cost a fraction of a "
+        f"{a.n_draft_stages} cheap stages instead of the {a.n_layers}-layer backbone make drafting several tokens "
+        "cost a fraction of a "
         "target step; verification keeps the output distribution exactly the target's.",
         "X = embed([anchor, noise×4]) in 4 streams\nfor stage in 0..2: X = stage(X, ring = main_x window)")
 
@@ -102,7 +105,8 @@ def _mhc(a: ModelArgs, r) -> ModuleDoc:
         "A single residual forces every layer to read and write one shared vector. Several streams let layers "
         "write to different places; the doubly stochastic constraint keeps the total signal from growing or "
         f"vanishing across {2 * a.n_layers} mixes.",
-        "m = (flatten(X) @ fnᵀ) * rsqrt(mean(flatten(X)²))\npre = sigmoid(m[0:4]·s0 + b) ; post = 2·sigmoid(m[4:8]·s1 + b)\n"
+        "m = (flatten(X) @ fnᵀ) * rsqrt(mean(flatten(X)²))\n"
+        "pre = sigmoid(m[0:4]·s0 + b) ; post = 2·sigmoid(m[4:8]·s1 + b)\n"
         "C = sinkhorn(softmax_rows(m[8:24]·s2 + b))\nX'_b = post_b · F + Σ_a C[a,b] · X_a")
 
 
@@ -115,7 +119,7 @@ def _hc_head(a: ModelArgs, r) -> ModuleDoc:
 
 
 def _attention(a: ModelArgs, r: LayerRole | None) -> ModuleDoc:
-    mem = "a window of the last {w} tokens".format(w=a.window_size)
+    mem = f"a window of the last {a.window_size} tokens"
     if r and r.ratio:
         src = "its own compressor" if r.kv_mode == "own" else f"layer {r.kv_source}'s compressor"
         mem += f" plus compressed rows (one per {r.ratio} tokens) from {src}"
@@ -178,7 +182,8 @@ def _moe(a: ModelArgs, r: LayerRole | None) -> ModuleDoc:
         "shared expert.",
         "Stored capacity grows with the number of experts while the compute per token stays that of "
         f"{k + a.n_shared_experts} small MLPs.",
-        f"y = Σ_(e in top{k}) w_e · E_e(x) + shared(x)\nE(x) = w2(silu(min(w1 x, {a.swiglu_limit:g})) · clamp(w3 x, ±{a.swiglu_limit:g}))")
+        f"y = Σ_(e in top{k}) w_e · E_e(x) + shared(x)\n"
+        f"E(x) = w2(silu(min(w1 x, {a.swiglu_limit:g})) · clamp(w3 x, ±{a.swiglu_limit:g}))")
 
 
 def _gate(a: ModelArgs, r) -> ModuleDoc:
@@ -224,13 +229,15 @@ def _engram(a: ModelArgs, r) -> ModuleDoc:
     return ModuleDoc(
         "Engram", f"Hashes the last 2–{a.engram_max_ngram_size} tokens into {cols} table rows and gates their "
         "value into each stream.",
-        f"Token ids are first mapped to {a.engram_compressed_vocab_size:,} normalised ids. For n = 2..{a.engram_max_ngram_size} "
+        f"Token ids are first mapped to {a.engram_compressed_vocab_size:,} normalised ids. "
+        f"For n = 2..{a.engram_max_ngram_size} "
         f"and {a.engram_n_heads} heads, an XOR of multiplied ids modulo a prime picks one row of width "
         f"{a.engram_head_dim} ({cols} rows, {cols * a.engram_head_dim} values). wkv turns them into {a.hc_mult} keys "
         "and one value; a per-stream sigmoid gate from the key and the stream adds the value.",
         "A lookup memory for local n-gram facts: cheap to read (row gathers from host memory), huge in "
         "capacity, and it frees the MoE from memorising fixed phrases. It runs before the layer's block.",
-        f"rows = table[hash_n,h(c_t, c_{{t-1}}, ...)]   # [B,S,{cols},{a.engram_head_dim}]\nkey, value = split(wkv(flatten(rows)))\n"
+        f"rows = table[hash_n,h(c_t, c_{{t-1}}, ...)]   # [B,S,{cols},{a.engram_head_dim}]\n"
+        "key, value = split(wkv(flatten(rows)))\n"
         "g_c = sigmoid(signed_sqrt(<norm(h_c)·w_c, norm(key_c)> / √dim))\nh_c += g_c · value")
 
 

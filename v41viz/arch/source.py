@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository: engine/ lies beside v41viz/
@@ -63,7 +63,7 @@ def engine_source(module_type: str) -> SourceInfo:
     return engine_code(qualnames)
 
 
-@lru_cache(maxsize=None)
+@cache
 def engine_code(qualnames: tuple[str, ...]) -> SourceInfo:
     """The source of engine functions, classes or methods by qualified name ('engine.model.moe.Gate',
     'engine.model.attention.Attention.queries'); cached: the source does not change while the app runs."""

@@ -49,7 +49,8 @@ def _rope(a: ModelArgs, r: LayerRole) -> ModuleDoc:
     return ModuleDoc(
         "Rotary position embedding" + (" with YaRN" if r.yarn else ""),
         f"Rotates the last {a.rope_head_dim} channels of q and kv by position (base {r.rope_base:g}).",
-        f"Pairs of the last {a.rope_head_dim} channels turn by angle position × θ_i, θ_i = base^(−2i/{a.rope_head_dim}) "
+        f"Pairs of the last {a.rope_head_dim} channels turn by angle position × θ_i, "
+        f"θ_i = base^(−2i/{a.rope_head_dim}) "
         f"with base {r.rope_base:g}.{yarn} Because the value is the rotated key, the attention output is rotated back "
         "(the inverse rotation) before the output projection.",
         "Positions enter only here: a query–key dot product then depends on their distance alone. "
@@ -66,8 +67,9 @@ def _compressed_kv(a: ModelArgs, r: LayerRole) -> ModuleDoc:
         f"This layer has no compressor: it attends layer {r.kv_source}'s compressed rows.",
         f"In V4.1 only the KV source layers compress (layer {r.kv_source} here, ratio {r.ratio}); the layers "
         "after a source, up to the next one, read the rows it publishes into the shared cache, one row per "
-        + ("token." if r.ratio == 1 else f"{r.ratio} tokens.") + (f" Its lightning indexer re-scores layer {r.index_key_source}'s index keys "
-                                  "with this layer's own queries (Reindex)." if r.indexer == "reindex" else ""),
+        + ("token." if r.ratio == 1 else f"{r.ratio} tokens.")
+        + (f" Its lightning indexer re-scores layer {r.index_key_source}'s index keys "
+           "with this layer's own queries (Reindex)." if r.indexer == "reindex" else ""),
         "The global memory is stored once per run of layers instead of once per layer, which divides the "
         "compressed part of the KV cache by the length of the run.",
         f"rows = cache.comp_kv[{r.kv_source}][:, :T/{r.ratio}]     # engine: Attention._compressed")

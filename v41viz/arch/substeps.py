@@ -160,7 +160,8 @@ def moe_steps(a: ModelArgs, role: LayerRole) -> tuple[list[Step], list[StepEdge]
     ]
     edges = [StepEdge("in", "gate", ""), StepEdge("in", "shared_experts", ""),
              StepEdge("gate", "experts", f"ids, weights {routing}"),
-             StepEdge("experts", "combine", s.tokens_flat), StepEdge("shared_experts", "combine", s.tokens_flat, "elbow"),
+             StepEdge("experts", "combine", s.tokens_flat),
+             StepEdge("shared_experts", "combine", s.tokens_flat, "elbow"),
              StepEdge("combine", "out", s.hidden)]
     return steps, edges
 

@@ -65,7 +65,8 @@ def steps_html(trace: Trace, token_text, row: int = 0, limit: int = 40) -> str:
                          f'padding:0 3px">{chip(token_text(int(s.drafted[k])))}</span>')
         cells.append(f'<span title="{s.next_kind} from the target" style="text-decoration:underline">'
                      f'→ {chip(token_text(s.next_token))}</span>')
-        lines.append(f'<div><b>step {s.step}</b> (sent {s.verify_len}, kept {s.accepted}) ' + " ".join(cells) + "</div>")
+        lines.append(f'<div><b>step {s.step}</b> (sent {s.verify_len}, kept {s.accepted}) '
+                     + " ".join(cells) + "</div>")
     return '<div style="font-family:monospace;line-height:1.9;white-space:pre">' + "".join(lines) + "</div>"
 
 

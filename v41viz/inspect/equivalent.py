@@ -52,7 +52,8 @@ def nearest_equivalent(node: str, args, source=None) -> str | None:
     if leaf == "engram" and not candidates:
         return None
     candidates = candidates or roles
-    peers = [] if theirs is None else [r.layer for r in layer_roles(source) if not r.draft and _same_kind(leaf, r, theirs)]
+    peers = [] if theirs is None else [r.layer for r in layer_roles(source)
+                                       if not r.draft and _same_kind(leaf, r, theirs)]
     if i in peers:
         rank = peers.index(i) / (len(peers) - 1) if len(peers) > 1 else 0.0   # 0 = first of its kind, 1 = last
         return f"layers.{candidates[round(rank * (len(candidates) - 1))].layer}{rest}"

@@ -61,7 +61,8 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_expert
                                colorbar=dict(title="top expert", tickvals=ticks, ticktext=[f"e{e}" for e in ticks])))
     fig.update_layout(height=max(300, 26 * len(paths) + 170), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed", title=None), xaxis=dict(title="token (position:text)"),
-                      title=dict(text="chosen experts per token and layer (hover: weights and scores)", font=dict(size=13)))
+                      title=dict(text="chosen experts per token and layer (hover: weights and scores)",
+                                 font=dict(size=13)))
     return thinned_categories(fig, x)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from engine.dspark.config import SCHEDULES, DSparkConfig
 from engine.dspark.profile import load_or_profile
@@ -59,7 +59,8 @@ class GenSettings:
         if not 1 <= self.max_new_tokens <= 512:
             raise InputError(f"max new tokens must lie in 1..512, got {self.max_new_tokens}")
         check_sampling(self.temperature, self.top_k, self.top_p, names=("temperature", "top-k", "top-p"))
-        check_repetition(self.repetition_penalty, self.no_repeat_ngram, names=("repetition penalty", "no-repeat n-gram"))
+        check_repetition(self.repetition_penalty, self.no_repeat_ngram,
+                         names=("repetition penalty", "no-repeat n-gram"))
         if self.schedule not in SCHEDULES:
             raise InputError(f"unknown DSpark schedule {self.schedule!r}; choose {', '.join(SCHEDULES)}")
         for text in self.interventions:   # their form here; the engine checks them against the model

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 import math
 import unicodedata
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -127,7 +127,8 @@ def coloured_text_html(texts: list[str], values: list[float], title: str, lo: fl
             spans.append(f'<span title="{html.escape(title)}: not recorded" style="color:#6b7280">{shown}</span>')
             continue
         a = float(np.clip((v - lo) / (hi - lo), 0, 1)) if hi > lo else 0.5
-        spans.append(f'<span title="{html.escape(title)}: {v:.3f}" style="background:rgba(200,116,28,{0.1 + 0.8 * a:.2f});'
+        spans.append(f'<span title="{html.escape(title)}: {v:.3f}" '
+                     f'style="background:rgba(200,116,28,{0.1 + 0.8 * a:.2f});'
                      f'border-radius:3px;padding:1px 1px">{shown}</span>')
     return '<div style="line-height:1.9;font-family:monospace;white-space:pre-wrap">' + "".join(spans) + "</div>"
 

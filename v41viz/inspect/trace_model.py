@@ -3,8 +3,8 @@ n-gram orders and token texts. A replay is drawn against the model that recorded
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from engine.trace import Trace
 

@@ -34,11 +34,13 @@ def details(config_key: str, view: ModelView, index: ModuleIndex, state: ViewSta
         st.markdown(f"Reads the output of `{d.reads}`: this layer has no module of its own for it.")
     n_tensors = int(d.tensors["count"].sum()) if d.tensors is not None else 0
     st.markdown(f"**{human(d.params)}** parameters · **{human(d.nbytes, 'B')}** in the checkpoint · "
-                f"**{n_tensors:,}** tensors" + (" (with submodules)" if d.type in ("block", "draft_block", "moe", "attention") else ""))
+                f"**{n_tensors:,}** tensors"
+                + (" (with submodules)" if d.type in ("block", "draft_block", "moe", "attention") else ""))
     st.markdown("**What it does.** " + d.doc.what)
     st.markdown("**Why it is there.** " + d.doc.why)
     if d.shapes:
-        st.markdown("**Shapes** (B batch, S tokens in this call, T tokens cached so far)\n\n| | | shape |\n|---|---|---|\n"
+        st.markdown("**Shapes** (B batch, S tokens in this call, T tokens cached so far)\n\n"
+                    "| | | shape |\n|---|---|---|\n"
                     + "\n".join(f"| {io} | {what} | `{shape}` |" for io, what, shape in d.shapes))
     st.markdown("**Formula**")
     st.html(preformatted(d.doc.formula))

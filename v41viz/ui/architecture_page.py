@@ -140,7 +140,8 @@ def _highlights(view: ModelView) -> list[str]:
     if a.n_hash_layers:
         out.append(f"{a.n_hash_layers} hash-routed layers")
     if a.has_dspark:
-        out.append(f"DSpark drafter ({a.n_draft_stages} stages, block {a.dspark_block_size}, taps {list(a.dspark_target_layer_ids)})")
+        out.append(f"DSpark drafter ({a.n_draft_stages} stages, block {a.dspark_block_size}, "
+                   f"taps {list(a.dspark_target_layer_ids)})")
     elif a.n_draft_stages:
         out.append(f"{a.n_draft_stages} MTP layer(s)")
     return [f"**{x}**" for x in out]

@@ -89,9 +89,12 @@ function exportText(root) {        // the whole drawing with its legend, self-co
   c.setAttribute('width', w); c.setAttribute('height', h + lh);
   c.removeAttribute('style');
   c.querySelectorAll('.v41-xlegend').forEach(el => el.removeAttribute('display'));
-  c.querySelectorAll('.v41-selected .v41-card').forEach(r => { r.setAttribute('stroke', '#dc2626'); r.setAttribute('stroke-width', '3'); });
+  c.querySelectorAll('.v41-selected .v41-card').forEach(r => {
+    r.setAttribute('stroke', '#dc2626'); r.setAttribute('stroke-width', '3');
+  });
   const bg = document.createElementNS(NS, 'rect');
-  [['x', 0], ['y', -lh], ['width', w], ['height', h + lh], ['fill', 'white']].forEach(([k, val]) => bg.setAttribute(k, val));
+  [['x', 0], ['y', -lh], ['width', w], ['height', h + lh], ['fill', 'white']]
+    .forEach(([k, val]) => bg.setAttribute(k, val));
   c.insertBefore(bg, c.firstChild);
   return { text: '<?xml version="1.0" encoding="UTF-8"?>\\n' + new XMLSerializer().serializeToString(c), w, h: h + lh };
 }
@@ -159,7 +162,9 @@ function build(parentElement) {
   const boxOf = e => e.target.closest && e.target.closest('[data-node]');
   const pick = box => {
     root.querySelectorAll('.v41-selected').forEach(el => el.classList.remove('v41-selected'));
-    root.querySelectorAll('.v41-box').forEach(el => { if (el.dataset.node === box.dataset.node) el.classList.add('v41-selected'); });
+    root.querySelectorAll('.v41-box').forEach(el => {
+      if (el.dataset.node === box.dataset.node) el.classList.add('v41-selected');
+    });
     root.trigger('pick', box.dataset.node);
   };
   const activate = e => {
@@ -196,13 +201,17 @@ function build(parentElement) {
   let press = null;
   drawing.addEventListener('pointerdown', e => {
     root.dragged = false;
-    if (e.button === 0 && svgOf(root) && svgOf(root).contains(e.target)) press = { x: e.clientX, y: e.clientY, moved: false };
+    if (e.button === 0 && svgOf(root) && svgOf(root).contains(e.target)) {
+      press = { x: e.clientX, y: e.clientY, moved: false };
+    }
   });
   drawing.addEventListener('pointermove', e => {
     if (press && (e.buttons & 1)) {
       const dx = e.clientX - press.x, dy = e.clientY - press.y;
       if (!press.moved && Math.hypot(dx, dy) < 4) return;
-      if (!press.moved) { press.moved = true; drawing.setPointerCapture(e.pointerId); root.classList.add('v41-dragging'); }
+      if (!press.moved) {
+        press.moved = true; drawing.setPointerCapture(e.pointerId); root.classList.add('v41-dragging');
+      }
       panBy(root, -dx, -dy);
       press.x = e.clientX; press.y = e.clientY;
       tip.style.display = 'none';

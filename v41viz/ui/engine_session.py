@@ -171,5 +171,5 @@ def _cached_slot(key: str, config: str, checkpoint: str | None, service: str = "
 def engine_slot(choice: ModelChoice) -> EngineSlot:
     """The process-wide slot for a model; the first session to ask loads it behind a timed spinner."""
     with st.spinner(f"Loading {choice.label}: tokenizer, Engram token map, weights…", show_time=True):
-        return _cached_slot(choice.key, str(choice.config), None if choice.checkpoint is None else str(choice.checkpoint),
-                            choice.service)
+        checkpoint = None if choice.checkpoint is None else str(choice.checkpoint)
+        return _cached_slot(choice.key, str(choice.config), checkpoint, choice.service)

@@ -75,7 +75,8 @@ SETTING_KEYS = {"prompt": "inspect_prompt", "max_new_tokens": "inspect_max_new",
 DECODING_NOTE = (f"On by default here: repetition penalty {SUGGESTED_REPETITION_PENALTY:g}, no-repeat n-gram "
                  f"{SUGGESTED_NO_REPEAT_NGRAM} (0 = off), measured on the shipped model to keep greedy text from "
                  "collapsing into runs of spaces or one repeated line. `python -m engine generate` leaves both off "
-                 "(1 and 0) unless given `--repetition-penalty` / `--no-repeat-ngram`; DSpark stays lossless under them.")
+                 "(1 and 0) unless given `--repetition-penalty` / `--no-repeat-ngram`; "
+                 "DSpark stays lossless under them.")
 
 
 def restore_settings(linked: dict[str, object] | None = None) -> None:
@@ -231,7 +232,8 @@ def run_summary(run: LiveRun) -> None:
         c[2].metric("click → first token", "–" if run.first_token_s is None else f"{run.first_token_s:.2f} s")
         c[3].metric("total", f"{run.elapsed_s:.2f} s")
         if run.profile_s and run.first_token_s is not None:
-            st.caption(f"The first token came after {run.first_token_s:.1f} s, of which {run.profile_s:.1f} s profiling "
+            st.caption(f"The first token came after {run.first_token_s:.1f} s, "
+                       f"of which {run.profile_s:.1f} s profiling "
                        "this machine for the auto schedule (done once; later runs reuse the stored table).")
 
 

@@ -70,7 +70,8 @@ def selected_token(run: LiveRun, positions: list[int]) -> int:
             return last
         if linked in positions:
             return linked
-        st.warning(f"The link's token {linked} is not a position of this run (positions {positions[0] if positions else 0}"
+        first = positions[0] if positions else 0
+        st.warning(f"The link's token {linked} is not a position of this run (positions {first}"
                    f"–{last}); the nearest one is selected.", icon=":material/link_off:")
         return min(positions, key=lambda p: abs(p - linked), default=0)
     chosen = st.session_state.get(TOKEN, last)
@@ -120,7 +121,8 @@ def mhc(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> dic
     _seed("mhc_site", inspect_link.take_view("seam"), ["attn", "ffn"])
     c1, c2 = st.columns([3, 1])
     layer = c1.select_slider("Layer", layers, key="mhc_layer") if len(layers) > 1 else layers[0]
-    site = mhc_site(node) if node and mhc_site(node) else c2.radio("Seam", ["attn", "ffn"], horizontal=True, key="mhc_site")
+    site = mhc_site(node) if node and mhc_site(node) else c2.radio("Seam", ["attn", "ffn"], horizontal=True,
+                                                                   key="mhc_site")
     header(run, config_key, diagram_node("mHC", layer, site), "mHC mixing", "back_mhc")
     left, right = st.columns(2)
     left.plotly_chart(mhc_panel.matrix_figure(trace, layer, site, 0, pos), key="mhc_matrix", **CHART)

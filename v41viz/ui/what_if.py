@@ -208,7 +208,8 @@ def result(held: WhatIf) -> None:
     c = st.columns(4)
     c[0].metric("new tokens that agree", f"{t.generated_agree} of {t.generated_compared}")
     c[1].metric("first divergence", "none" if t.first_divergence is None else f"position {t.first_divergence}")
-    c[2].metric("routing changes (same text)", f"{len(changed)} of {int(diff.routing['same input'].astype(bool).sum())}",
+    same_input = int(diff.routing['same input'].astype(bool).sum())
+    c[2].metric("routing changes (same text)", f"{len(changed)} of {same_input}",
                 help="(layer, token) pairs whose chosen experts differ, over the tokens both runs read identically")
     value, about = largest_change(lp)
     c[3].metric("largest log-prob change", value, help=about)
