@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ..accounting.inventory import TensorSpec
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
-from ..spec.inventory import TensorSpec
 from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .header import read_safetensors_header

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..accounting.inventory import TensorSpec, inventory_tuple
 from ..quant.formats import dequantize_fp4, dequantize_fp8
 from ..spec.config import ModelArgs, load_config
-from ..spec.inventory import TensorSpec, inventory_tuple
 from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ..accounting.inventory import TensorSpec, inventory_tuple
 from ..quant.formats import quantize_engram_rows, quantize_fp4, quantize_fp8
 from ..spec.config import ModelArgs, load_config
-from ..spec.inventory import TensorSpec, inventory_tuple
 from ..text.vocab import ID_MAP_NAME
 from .errors import CheckpointError
 from .files import checkpoint_files, read_header, stored_tensors

@@ -200,9 +200,9 @@ def plot_loss(curve: dict, unigram: float, path: Path) -> None:
 
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
+    from ..accounting.accounting import account
     from ..checkpoint.files import checkpoint_files
     from ..generation import Engine
-    from ..spec.accounting import account
     ckpt, data = Path(ckpt), Path(data)
     check_inputs(ckpt, data)
     manifest = json.loads((data / MANIFEST_NAME).read_text(encoding="utf-8"))

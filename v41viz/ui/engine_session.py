@@ -13,8 +13,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.accounting.accounting import account
 from engine.checkpoint.official_layout import official_folder
-from engine.spec.accounting import account
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.presets import list_presets
 

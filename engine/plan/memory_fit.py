@@ -5,12 +5,12 @@ import os
 from math import prod
 from typing import TYPE_CHECKING
 
-from .accounting import GIB, account, kind_of
-from .errors import InputError
-from .inventory import inventory_tuple
+from ..accounting.accounting import GIB, account, kind_of
+from ..accounting.inventory import inventory_tuple
+from ..spec.errors import InputError
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 QUANTIZED_DTYPES = ("F8_E4M3", "F8_E8M0", "I8")  # kept as stored by the quantized official loader
 DEQUANTIZED_AT_LOAD = ".attn.wo_a."               # spec §2.4: held in the compute dtype

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .accounting import GIB, account
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 # Where the published numbers come from (seed 000: model card, tech report §4.2.1, vLLM recipe memory
 # table; seed 002: V4-Flash-DSpark diagram page; spec §2.1 and §5).
