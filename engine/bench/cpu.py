@@ -9,8 +9,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..graphs import GraphedDecoder
+from ..model import Transformer, init_weights
+from ..parallel import shard_for_launch
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from ..speedups import prepare_for_inference
 from ..trace import Trace, TraceBudget
 
 
@@ -72,9 +76,6 @@ def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
 def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int,
                 device: str, dtype: torch.dtype, options=None):
     """Check the bench sizes, then build a seeded random-init model in eval mode."""
-    from ..model import Transformer, init_weights
-    from ..parallel import shard_for_launch
-    from ..speedups import prepare_for_inference
     check_sizes(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats)
     token_map = None
     if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
@@ -167,7 +168,6 @@ def compiled_decode_rates(args: ModelArgs, *, batch: int = 1, prompt_len: int = 
     on disk shortens it in later processes) and the largest logit difference between the two. The eager steps run
     first and the compiled steps then back to back, as each runs in a generation (a compiled step between eager
     ones would find the caches holding what the eager step read: in bf16 both the weights and their fp32 copies)."""
-    from ..graphs import GraphedDecoder
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=steps + 1, repeats=1, seed=seed,
                         device=device, dtype=dtype)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))

@@ -32,5 +32,6 @@ def test_a_contract_breaks_on_an_import_inside_a_function(tmp_path):
                       'forbidden_modules = ["engine.training.train"]\n')
     run = lint_imports("--config", str(config))
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    edge = next((text for text in run.stdout.splitlines() if "engine.commands.train -> engine.training.train" in text), "")
+    edges = [text for text in run.stdout.splitlines() if "engine.commands.train -> engine.training.train" in text]
+    edge = edges[0] if edges else ""
     assert f"l.{line}" in edge, run.stdout[-3000:]
