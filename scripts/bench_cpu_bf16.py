@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from engine.bench.cpu import machine_description
+    from engine.bench.machine import machine_description
     from engine.speedups.cpu_bf16 import (COPY_MAX_MACS, RESIDENT_MAX_ELEMENTS, native_bf16_matmul,
                                           through_fp32_copy, widens)
     torch.set_num_threads(args.threads)

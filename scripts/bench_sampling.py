@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from engine.bench.machine import machine_description
     from engine.model.sampling import sample_index
-    from engine.bench.cpu import machine_description
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)

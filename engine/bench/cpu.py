@@ -1,8 +1,6 @@
 """Throughput benchmark: prefill and decode tokens/s, and the Trace's overhead, measured in one run."""
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -16,6 +14,7 @@ from ..spec.config import ModelArgs
 from ..spec.errors import InputError
 from ..speedups import prepare_for_inference
 from ..trace import Trace, TraceBudget
+from .machine import machine_description
 
 
 @dataclass
@@ -47,22 +46,6 @@ class BenchResult:
                 f"   overhead x{self.trace_overhead_prefill:.2f}",
                 f"  decode  {self.decode_tokens_per_s:10,.1f} tokens/s   traced {self.traced_decode_tokens_per_s:10,.1f}"
                 f"   overhead x{self.trace_overhead_decode:.2f}"]
-
-
-def machine_description(device: str) -> str:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return f"{cpu_model() or platform.machine() + ' CPU'}, {os.cpu_count()} cores"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), or "" where that is not readable."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
 
 
 def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> None:

@@ -20,7 +20,8 @@ from ..model.moe import MoE
 from ..spec.config import ModelArgs
 from ..speedups import apply_kernels, prepare_for_inference
 from ..speedups.fast_moe import FastMoE
-from .cpu import bench_model, machine_description
+from .cpu import bench_model
+from .machine import machine_description
 
 
 @dataclass

@@ -25,7 +25,7 @@ class PendingLogits:
         block = self.block
         if block is None or block.size(1) != row.numel() or block.device != row.device:
             self.resolve(k)
-            # torch: only a generation adds logits; a saved trace opens without it
+            # torch loads only when this runs, not with the trace package: a saved trace opens without it
             import torch
             rows = max(1, PENDING_BYTES // (4 * row.numel()))
             block = self.block = torch.empty(rows, row.numel(), dtype=torch.float32, device=row.device)
@@ -42,6 +42,6 @@ class PendingLogits:
             self.block = None
         if not records:
             return
-        # token_logits loads torch: only a generation resolves logits
+        # token_logits loads torch: only when logits are resolved, not with the trace package
         from .token_logits import set_predicted
         set_predicted(records, block[: len(records)], k)

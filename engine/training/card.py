@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..accounting.accounting import account
-from ..bench.cpu import machine_description
+from ..bench.machine import machine_description
 from ..checkpoint.files import checkpoint_files
 from ..generation import Engine
 from ..spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
