@@ -100,7 +100,7 @@ def _gib(n: int) -> str:
 
 def _address_space_limit() -> int | None:
     try:
-        import resource
+        import resource  # Unix only: imported where the limit is read, so the check runs elsewhere too
     except ImportError:  # not a Unix
         return None
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
