@@ -13,15 +13,15 @@ COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
-    """Every subcommand with its help line; the options only of `chosen` (all when None). Some commands' options
-    come from torch-backed classes, so building only the chosen one keeps `info`, `tokenizer`, `plan` and `limits`
-    free of torch."""
+    """Every subcommand with its help line; the options only of `chosen` (none when None: the top-level help and
+    an unknown command need only the help lines). Some commands' options come from torch-backed classes, so
+    building only the chosen one keeps `--help`, `info`, `tokenizer` and `plan` free of torch."""
     parser = argparse.ArgumentParser(prog="python -m engine", description="DeepSeek-V4.1 engine and inspector")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f".commands.{name}", __package__)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        if chosen is None or name == chosen:
+        if name == chosen:
             module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -54,5 +54,6 @@ def _leave_world() -> None:
     failed. A failed command exits as it is (a peer may still be inside a collective with this rank). Nothing to
     do, and no torch imported, where torch.distributed never was."""
     if "torch.distributed" in sys.modules:
+        # only under torchrun, where torch.distributed is loaded already
         from .parallel.world import leave_world
         leave_world()

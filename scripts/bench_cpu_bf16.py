@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from engine.bench.cpu import machine_description
+    from engine.bench.machine import machine_description
     from engine.speedups.cpu_bf16 import (
         COPY_MAX_MACS,
         RESIDENT_MAX_ELEMENTS,

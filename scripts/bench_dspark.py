@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from engine.bench.cpu import machine_description
+    from engine.bench.machine import machine_description
     from engine.dspark.config import DSparkConfig
     from engine.dspark.profile import stored_table, table_path
     from engine.generation import Engine

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from engine.bench.cpu import machine_description
+    from engine.bench.machine import machine_description
     from engine.model.sampling import sample_index
 
     torch.set_num_threads(args.threads)

@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from engine.bench.cpu import bench_model, machine_description
+    from engine.bench.cpu import bench_model
+    from engine.bench.machine import machine_description
     from engine.spec.errors import InputError
     from engine.spec.presets import resolve_config
     torch.set_num_threads(1)

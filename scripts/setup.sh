@@ -2,7 +2,8 @@
 # Idempotent set-up on a fresh machine: a virtual environment with the pinned requirements, and this project
 # installed editable (so `engine` and `v41viz` import from any directory). A second run takes a few seconds.
 # `--tests` (scripts/test.sh) also installs the test-only packages of requirements-test.txt (transformers, the
-# oracle of the V4 differential test; ruff, the linter); the app's set-up (scripts/run_app.sh) leaves them out.
+# oracle of the V4 differential test; ruff, the linter; import-linter, the import-order check); the app's set-up
+# (scripts/run_app.sh) leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requirements=requirements.txt

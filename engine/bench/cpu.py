@@ -1,17 +1,20 @@
 """Throughput benchmark: prefill and decode tokens/s, and the Trace's overhead, measured in one run."""
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
+from ..graphs import GraphedDecoder
+from ..model import Transformer, init_weights
+from ..parallel import shard_for_launch
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from ..speedups import prepare_for_inference
 from ..trace import Trace, TraceBudget
+from .machine import machine_description
 
 
 @dataclass
@@ -45,22 +48,6 @@ class BenchResult:
                 f"   overhead x{self.trace_overhead_decode:.2f}"]
 
 
-def machine_description(device: str) -> str:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return f"{cpu_model() or platform.machine() + ' CPU'}, {os.cpu_count()} cores"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), or "" where that is not readable."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
-
 def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> None:
     if prompt_len < 1 or new_tokens < 2 or repeats < 1 or batch < 1:
         raise InputError("bench needs batch >= 1, prompt_len >= 1, new_tokens >= 2 and repeats >= 1")
@@ -72,9 +59,6 @@ def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
 def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int,
                 device: str, dtype: torch.dtype, options=None):
     """Check the bench sizes, then build a seeded random-init model in eval mode."""
-    from ..model import Transformer, init_weights
-    from ..parallel import shard_for_launch
-    from ..speedups import prepare_for_inference
     check_sizes(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats)
     token_map = None
     if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
@@ -167,7 +151,6 @@ def compiled_decode_rates(args: ModelArgs, *, batch: int = 1, prompt_len: int = 
     on disk shortens it in later processes) and the largest logit difference between the two. The eager steps run
     first and the compiled steps then back to back, as each runs in a generation (a compiled step between eager
     ones would find the caches holding what the eager step read: in bf16 both the weights and their fp32 copies)."""
-    from ..graphs import GraphedDecoder
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=steps + 1, repeats=1, seed=seed,
                         device=device, dtype=dtype)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))

@@ -6,8 +6,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..generation import DSparkConfig, Engine
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from .cpu import bench_model
 
 
 @dataclass
@@ -44,9 +46,6 @@ def run_dspark_bench(args: ModelArgs, *, schedule: str = "all", batch: int = 1, 
                      new_tokens: int = 24, repeats: int = 3, seed: int = 0, device: str = "cpu",
                      dtype: torch.dtype = torch.float32, options=None) -> DSparkBenchResult:
     """Random-init model and prompts; plain and speculative greedy generation alternate, repeats times."""
-    from ..generation import DSparkConfig, Engine
-    from .cpu import bench_model
-
     if not args.has_dspark:
         raise InputError(f"bench --dspark: config '{args.name}' has no DSpark drafter")
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,

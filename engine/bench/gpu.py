@@ -8,8 +8,20 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from ..graphs import GraphedDecoder
+from ..kernels import launch
+from ..kernels.runtime import interpreting, require
+from ..model import Transformer, init_weights
+from ..model.engram import Engram
+from ..model.mhc import collapse, expand, hc_mixes
+from ..model.moe import MoE
 from ..spec.config import ModelArgs
+from ..speedups import apply_kernels, prepare_for_inference
+from ..speedups.fast_moe import FastMoE
+from .cpu import bench_model
+from .machine import machine_description
 
 
 @dataclass
@@ -91,12 +103,6 @@ def _time_ms(fn, device: torch.device, repeats: int) -> float:
 def kernel_timings(args: ModelArgs, device: torch.device, tokens: tuple[int, ...], repeats: int,
                    dtype: torch.dtype) -> list[KernelTiming]:
     """Each kernel against the PyTorch module code it replaces, on random inputs at the config's widths."""
-    from ..kernels import launch
-    from ..model.engram import Engram
-    from ..model.mhc import collapse, expand, hc_mixes
-    from ..model.moe import MoE
-    from ..speedups.fast_moe import FastMoE
-
     g = torch.Generator(device=device).manual_seed(0)
 
     def rnd(*shape, scale=1.0, dt=dtype):
@@ -158,8 +164,6 @@ def kernel_timings(args: ModelArgs, device: torch.device, tokens: tuple[int, ...
 
 def count_launches(model, tokens: torch.Tensor, cache) -> int:
     """CUDA kernels one decode step launches, counted by torch.profiler (CUPTI)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         model(tokens, cache)
         torch.cuda.synchronize()
@@ -174,7 +178,6 @@ def decode_rate(model, batch: int, prompt_len: int, steps: int, device: torch.de
     cache = model.new_cache(batch + 1 if graphs else batch, prompt_len + steps + 2)
     step = model
     if graphs:
-        from ..graphs import GraphedDecoder
         decoder = GraphedDecoder(model, cache, scratch_row=batch)
         rows = list(range(batch))
 
@@ -197,8 +200,6 @@ def decode_rate(model, batch: int, prompt_len: int, steps: int, device: torch.de
 def weight_bytes_per_step(model) -> int:
     """Bytes of parameters a batch-1 decode step reads: all but routed experts and embedding tables, plus k
     routed experts per MoE, one embedding row and the Engram rows (negligible, left out)."""
-    from ..model.moe import MoE
-
     total = 0
     for name, p in model.named_parameters():
         if ".experts." in name or name.endswith("embed.weight"):
@@ -230,11 +231,6 @@ def run_gpu_bench(args: ModelArgs, *, kernel_args: ModelArgs | None = None, devi
                   dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> GpuBenchResult:
     """`args` builds the decode model (random weights); `kernel_args` (default: args) gives the widths of
     the per-kernel timings, so full V4.1-Flash shapes can be timed without building the full model."""
-    from ..kernels.runtime import interpreting, require
-    from ..model import Transformer, init_weights
-    from ..speedups import apply_kernels, prepare_for_inference
-    from .cpu import machine_description
-
     dev = torch.device(device)
     require(dev)
     interpreted = dev.type == "cpu"
@@ -274,8 +270,6 @@ def graph_decode_rates(args: ModelArgs, *, batch: int, prompt_len: int, steps: i
                        device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """`bench --cuda-graphs`: greedy decode tokens/s of one random-init model, plain forward vs GraphedDecoder
     (captured CUDA graphs on a GPU; on the CPU an eager replay of the static body, so no speed-up is expected)."""
-    from .cpu import bench_model
-
     dev = torch.device(device)
     model = bench_model(args, batch=batch, prompt_len=prompt_len, new_tokens=steps + 2, repeats=1, seed=seed,
                         device=device, dtype=dtype)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointError
 from .header import read_safetensors_header
@@ -100,7 +101,6 @@ def stored_tensors(files: list[Path], prefix: str = "", metadata: dict[str, Any]
     """(file, name, tensor) for every stored tensor whose name starts with prefix, file by file, each a view of
     the memory-mapped file (safetensors' safe_open), valid after the file's handle is closed; each file's
     metadata is added to `metadata`."""
-    from safetensors import SafetensorError, safe_open
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:

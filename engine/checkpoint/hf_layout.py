@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..model import Transformer
 from ..spec import strict_json
 from ..spec.config import ModelArgs, config_from_dict
 from ..spec.errors import ConfigError
 from ..spec.hf_config import is_hf_v4
+from ..speedups import prepare_for_inference
 from .errors import CheckpointError
 from .files import check_against, check_index, checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
@@ -41,8 +43,6 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, 
     """Build the model a transformers-layout V4 folder describes and fill it. Every tensor is renamed (stacked
     experts split into views, no copy), checked against the model (missing, unexpected, shape, dtype, NaN / Inf,
     hash-table ids outside the experts) before the first is copied; then the speed transforms its options ask for."""
-    from ..model import Transformer
-    from ..speedups import prepare_for_inference
     folder = hf_folder(existing(path))
     if folder is None:
         raise CheckpointError(f"{path}: not a transformers deepseek_v4 checkpoint (its {CONFIG_NAME} names no "

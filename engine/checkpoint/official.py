@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
+from ..accounting.inventory import TensorSpec
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
-from ..spec.inventory import TensorSpec
 from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .header import read_safetensors_header
@@ -174,7 +175,6 @@ class OfficialCheckpoint:
         memory-mapped shard, valid until the caller drops it; the mapping is dropped and reopened after every
         `budget` bytes (default: twice the largest tensor, at least 16 MiB) so that the pages already read do
         not pile up in the resident set."""
-        from safetensors import safe_open
         budget = budget or max(REOPEN_FLOOR, 2 * max((loc.spec.nbytes for loc in located.values()), default=0))
         by_shard: dict[Path, list[str]] = {}
         for name, loc in located.items():
@@ -205,7 +205,6 @@ class OfficialCheckpoint:
 
     def metadata(self) -> dict[str, str]:
         """The first shard's safetensors metadata (the producer and format); {} when no shard is there."""
-        from safetensors import safe_open
         shards = [self.folder / s for s in sorted(set(self.weight_map.values())) if (self.folder / s).is_file()]
         if not shards:
             return {}

@@ -9,9 +9,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..accounting.inventory import TensorSpec, inventory_tuple
+from ..model import Transformer
+from ..model.rope import Rotary
+from ..quant.apply import quantize_model
 from ..quant.formats import dequantize_fp4, dequantize_fp8
 from ..spec.config import ModelArgs, load_config
-from ..spec.inventory import TensorSpec, inventory_tuple
+from ..speedups import prepare_for_inference
 from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint
@@ -88,8 +92,6 @@ def load_official_model(path: str | Path, device: str | torch.device = "cpu", *,
     memory-mapped on the host); False: an unquantized reference model with every weight dequantized at load.
     The model is built on the meta device and allocated once, in its final storage: no float copy of a
     quantized weight ever exists. Then the speed transforms its options ask for (prepare_for_inference)."""
-    from ..model import Transformer
-    from ..speedups import prepare_for_inference
     ckpt = OfficialCheckpoint(path)
     args = config if isinstance(config, ModelArgs) else load_config(config or ckpt.folder / CONFIG_NAME)
     if args.dtype != "fp8":
@@ -97,7 +99,6 @@ def load_official_model(path: str | Path, device: str | torch.device = "cpu", *,
                               f"(its quantization_config), got dtype {args.dtype!r}")
     model = Transformer(args, token_map, dtype=dtype, device="meta", options=options)
     if quantized:
-        from ..quant.apply import quantize_model
         quantize_model(model, from_values=False)
     plan = plan_load(model, args)
     model.to_empty(device=device)
@@ -150,7 +151,6 @@ def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: Tens
 
 def _rebuild_rotary(model: nn.Module, args: ModelArgs, device) -> None:
     """to_empty leaves non-persistent buffers unset: recompute the rotary frequencies (the only ones with values)."""
-    from ..model.rope import Rotary
     for module in model.modules():
         if isinstance(module, Rotary):
             module.freqs = Rotary(*module.key, args, device=device).freqs

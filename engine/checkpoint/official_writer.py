@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from ..accounting.inventory import TensorSpec, inventory_tuple
 from ..quant.formats import quantize_engram_rows, quantize_fp4, quantize_fp8
 from ..spec.config import ModelArgs, load_config
-from ..spec.inventory import TensorSpec, inventory_tuple
 from ..text.vocab import ID_MAP_NAME
 from .errors import CheckpointError
 from .files import checkpoint_files, read_header, stored_tensors
@@ -62,7 +64,6 @@ def write_official(source: str | Path, out: str | Path, shards: int | None = Non
     count = shards if shards is not None else max(1, -(-sum(s.nbytes for s in inventory) // DEFAULT_SHARD_BYTES))
     if count < 1 or count > len(groups):
         raise CheckpointError(f"--shards must be between 1 and {len(groups)} (weights with their scales), got {count}")
-    from safetensors.torch import save_file
     _prepare(out)
     weight_map: dict[str, str] = {}
     written: list[Path] = []
@@ -129,7 +130,6 @@ def _split(groups: list[list[TensorSpec]], count: int) -> list[list[list[TensorS
 
 def _encode_part(part: list[list[TensorSpec]], header: dict, args: ModelArgs) -> dict[str, torch.Tensor]:
     """The stored tensors of one shard, each checked against its inventory spec."""
-    from safetensors import safe_open
     tensors: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         handles: dict[Path, object] = {}

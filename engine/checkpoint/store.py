@@ -6,13 +6,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import save_file
 
+from ..model import Transformer
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
+from ..speedups import prepare_for_inference
+from ..text.vocab import ID_MAP_NAME, IdMap
 from .errors import CheckpointError
 from .files import FLOAT_DTYPES, WEIGHTS_NAME, check_against, check_index, checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
+from .hf_layout import hf_folder, load_hf_checkpoint
 from .official_layout import official_folder
+from .official_load import load_official_model
 from .paths import existing
 from .table_range import check_table_range
 
@@ -31,7 +37,6 @@ def save_checkpoint(model: torch.nn.Module, path: str | Path, extra_metadata: di
     """Write the model's state_dict to `path` (a .safetensors file, or a directory that gets
     model.safetensors) with config.json beside it. dtype: 'bf16' | 'fp16' | 'fp32' storage for float
     tensors (None keeps each tensor's dtype); the official F32 tensors stay F32. Returns the weights file."""
-    from safetensors.torch import save_file
     path = Path(path)
     file = path if path.suffix == ".safetensors" else path / WEIGHTS_NAME
     file.parent.mkdir(parents=True, exist_ok=True)
@@ -57,13 +62,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
                     ) -> tuple[ModelArgs, "Transformer"]:
     """Build the model described by `config` (default: the config.json beside `path`), load its weights and
     apply the speed transforms its options ask for (engine.speedups.prepare_for_inference)."""
-    from ..model import Transformer
-    from ..speedups import prepare_for_inference
     existing(path)
     if official_folder(path) is not None:  # FP8 / FP4 shards with an index: read lazily, kept quantized
-        from .official_load import load_official_model
         return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
-    from .hf_layout import hf_folder, load_hf_checkpoint
     if config is None and hf_folder(path) is not None:  # a transformers save_pretrained folder (V4)
         return load_hf_checkpoint(path, device, dtype=dtype, options=options)
     args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
@@ -85,7 +86,6 @@ def id_map_beside(path: str | Path, tokenizer, vocab_size: int):
     """The IdMap of a reduced-vocabulary checkpoint (id_map.json beside the weights), or None for a
     full-vocabulary one. CheckpointError if the file is unreadable or malformed, if its size differs from the
     config's vocab_size, or if a config smaller than the tokenizer's vocabulary comes without one."""
-    from ..text.vocab import ID_MAP_NAME, IdMap
     file = _weights_folder(path) / ID_MAP_NAME
     if not file.is_file():
         if vocab_size < tokenizer.full_vocab_size:

@@ -38,6 +38,7 @@ def check_finite(value: float, flag: str) -> float:
 
 
 def check_seed(seed: int, flag: str = "--seed") -> int:
+    # model.sampling loads torch; the CLI loads this module for every command
     from ..model.sampling import MAX_SEED
     if not 0 <= seed <= MAX_SEED:
         raise InputError(f"{flag} must lie in 0..2**63-1 ({MAX_SEED}), got {seed}")
@@ -53,6 +54,7 @@ def check_device(device: str, flag: str = "--device") -> str:
         if found.group(2):
             raise InputError(f"{flag} {device!r}: the CPU takes no index; use cpu")
         return device
+    # torch only for a command that names a device
     import torch
     if not torch.cuda.is_available():
         raise InputError(f"{flag} {device}: CUDA is not available on this machine")

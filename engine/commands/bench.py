@@ -5,6 +5,7 @@ import argparse
 import json
 
 from ..spec.errors import InputError
+from ..spec.presets import resolve_config
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
 from .run_args import DTYPES, apply_threads
 
@@ -12,6 +13,7 @@ HELP = "measure prefill and decode tokens/s and the trace overhead (random-init 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # dspark.config loads torch: only when this command's options are built
     from ..dspark.config import SCHEDULES
     parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
     parser.add_argument("--batch", type=int, default=1)
@@ -43,53 +45,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..parallel.world import main_rank_output
     with main_rank_output():  # under torchrun, only rank 0 prints (engine.parallel)
         return bench(args)
 
 
 def bench(args: argparse.Namespace) -> int:
-    from ..bench.cpu import run_bench
-    from ..spec.presets import resolve_config
+    # the benches load torch: the CLI imports every command module for its help line
+    import torch
+
+    from ..bench.cpu import compiled_decode_rates, compiled_rate_lines, run_bench
+    from ..bench.dspark import run_dspark_bench
+    from ..bench.gpu import graph_decode_rates, graph_rate_lines, run_gpu_bench
+    from ..kernels.runtime import unavailable_reason
+    from ..parallel import launched_size
 
     check_threads(args.threads)
     check_device(args.device)
     apply_threads(args.threads)
-    from ..parallel import launched_size
     if launched_size() > 1 and (getattr(args, "gpu", False) or getattr(args, "cuda_graphs", False)):
         raise InputError("--gpu and --cuda-graphs measure one process; under torchrun, bench measures the plain "
                          "(and --dspark) rows")
     check_arguments(args, resolve_config(args.config))
     if getattr(args, "gpu", False):
-        from ..kernels.runtime import unavailable_reason
         reason = unavailable_reason(args.device)
         if reason is not None:
             raise InputError(f"--gpu on {args.device}: {reason}")
-    import torch
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
                        dtype=dtype)
     gpu = None
     if getattr(args, "gpu", False):
-        from ..bench.gpu import run_gpu_bench
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
         gpu = run_gpu_bench(resolve_config(args.config), kernel_args=kernel_args, device=args.device,
                             batch=args.batch, repeats=20, seed=args.seed)
     graphs = None
     if getattr(args, "cuda_graphs", False):
-        from ..bench.gpu import graph_decode_rates
         graphs = graph_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                                     steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device)
     compiled = None
     if getattr(args, "compile", False):
-        from ..bench.cpu import compiled_decode_rates
         compiled = compiled_decode_rates(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                                          steps=max(args.new_tokens - 1, 3), seed=args.seed, device=args.device,
                                          dtype=dtype)
     spec = None
     if getattr(args, "dspark", False):
-        from ..bench.dspark import run_dspark_bench
         spec = run_dspark_bench(resolve_config(args.config), schedule=args.schedule, batch=args.batch,
                                 prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                                 seed=args.seed, device=args.device)
@@ -99,8 +101,6 @@ def bench(args: argparse.Namespace) -> int:
         out = out if compiled is None else {**out, "compile": compiled}
         print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
     else:
-        from ..bench.cpu import compiled_rate_lines
-        from ..bench.gpu import graph_rate_lines
         print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
                         ([] if graphs is None else graph_rate_lines(graphs)) +
                         ([] if compiled is None else compiled_rate_lines(compiled)) +

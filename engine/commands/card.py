@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
+from ..spec.config import load_config
 from ..spec.errors import InputError
+from ..training.card_render import dspark_runs, readme_table
 from .arg_checks import check_at_most
 from .run_args import add_config_options, apply_threads, config_from_args
 
@@ -12,6 +16,7 @@ HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # training.card loads torch: only when this command's options are built
     from ..training.card import CardOptions
     parser.add_argument("checkpoint", help="checkpoint directory (model.safetensors, config.json, log.csv, id_map.json)")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
@@ -20,12 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..model.sampling import check_repetition
     from ..training.card import CardOptions, build_card
-    from ..training.card_render import dspark_runs, readme_table
 
     for name in ("seq", "windows", "batch", "repeats", "prompts", "quality_tokens"):
         if getattr(args, name) < 1:
@@ -53,9 +55,6 @@ def run(args: argparse.Namespace) -> int:
 def check_lengths(args: argparse.Namespace) -> None:
     """--seq and --new-tokens within the checkpoint's context (its config.json), before anything is measured
     (without a config.json, the card's own input check lists everything that is missing)."""
-    from pathlib import Path
-
-    from ..spec.config import load_config
     config = Path(args.checkpoint) / "config.json"
     if not config.is_file():
         return

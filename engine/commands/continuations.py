@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..training.corpus import load_tokens
 from .arg_checks import check_output_file, check_seed
 from .run_args import apply_threads
 
@@ -13,6 +14,7 @@ HELP = ("write a checkpoint's own continuations (greedy, or sampled with --tempe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # training.continuations loads torch: only when this command's options are built
     from ..training.continuations import ContinuationSpec
     d = ContinuationSpec()
     parser.add_argument("--checkpoint", required=True, help="the trained backbone (directory with model.safetensors, "
@@ -34,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..generation import Engine
     from ..training.card import check_same_vocabulary
     from ..training.continuations import ContinuationSpec, make_continuations, save_continuations
-    from ..training.corpus import load_tokens
 
     apply_threads(args.threads)
     check_seed(args.seed)

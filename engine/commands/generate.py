@@ -5,9 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..spec.config import load_config
 from ..spec.errors import InputError
 from ..spec.interventions import check_interventions, parse_intervention
+from ..spec.presets import resolve_config
 from ..text.prompt_text import check_prompt_text
+from ..trace import Trace, TraceBudget, trace_format
 from .arg_checks import (
     check_at_least,
     check_at_most,
@@ -24,6 +27,7 @@ HELP = "generate text from a prompt (random-init or checkpoint weights), optiona
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # dspark.config loads torch: only when this command's options are built
     from ..dspark.config import SCHEDULES
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
     weights = parser.add_mutually_exclusive_group()
@@ -84,17 +88,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..parallel.world import main_rank_output
     with main_rank_output():  # under torchrun, only rank 0 prints (engine.parallel)
         return generate_text(args)
 
 
 def generate_text(args: argparse.Namespace) -> int:
+    # the engine loads torch: the CLI imports every command module for its help line
     import torch
 
     from ..generation import DSparkConfig, Engine
+    from ..kernels.runtime import unavailable_reason
+    from ..model import EngineOptions
     from ..parallel.world import is_main_process
-    from ..trace import Trace, TraceBudget
 
     if not args.random_init and not args.checkpoint:
         if not DEFAULT_CHECKPOINT.is_dir():
@@ -115,8 +122,6 @@ def generate_text(args: argparse.Namespace) -> int:
               file=sys.stderr)
     options = None
     if args.kernels == "triton":
-        from ..kernels.runtime import unavailable_reason
-        from ..model import EngineOptions
         reason = unavailable_reason(args.device)
         if reason is not None:
             raise InputError(f"--kernels triton on {args.device}: {reason}")
@@ -178,8 +183,8 @@ def generate_text(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every flag's value, before any work (the limits a config sets are checked once it is read)."""
+    # model.sampling loads torch: the CLI imports every command module for its help line
     from ..model.sampling import check_repetition, check_sampling
-    from ..trace import trace_format
 
     check_prompt_text(args.prompt, "--prompt")
     check_seed(args.seed)
@@ -208,9 +213,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def _model_config(args: argparse.Namespace):
     """The ModelArgs to load: --config, else the config.json beside --checkpoint."""
+    # checkpoint.store loads torch: the CLI imports every command module for its help line
     from ..checkpoint.store import config_beside
-    from ..spec.config import load_config
-    from ..spec.presets import resolve_config
     return resolve_config(args.config) if args.config else load_config(config_beside(args.checkpoint))
 
 

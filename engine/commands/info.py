@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec.accounting import GIB, KINDS, Accounting, account
+from ..accounting.accounting import GIB, KINDS, Accounting, account
+from ..accounting.experts_touched import touched_table
+from ..accounting.published_figures import published_figures
 from ..spec.config import ModelArgs
-from ..spec.experts_touched import touched_table
 from ..spec.presets import resolve_config
-from ..spec.published_figures import published_figures
 
 HELP = "print parameter, byte and KV-cache accounting and the layer-role table for a config"
 

@@ -32,7 +32,7 @@ def lines() -> list[str]:
         f"{config.MAX_ROUTED_EXPERTS_TOTAL:,} in all, a vocabulary of {config.VOCAB_MAX:,}, widths up to "
         f"{config.WIDTH_MAX:,}, {config.INT_RANGES['hc_sinkhorn_iters'][1]} Sinkhorn iterations "
         "(every field's range is in `engine/spec/limits.py`); a model is built only if its weights fit the "
-        "memory available (`engine/spec/memory_fit.py`)",
+        "memory available (`engine/plan/memory_fit.py`)",
         f"- checkpoints: safetensors headers up to {MAX_HEADER_BYTES // mib} MiB, checked (dtypes, shapes, offsets) "
         f"before any tensor is read; a shard index up to {MAX_INDEX_BYTES // mib} MiB naming at most {MAX_SHARDS:,} "
         f"shards, all inside the checkpoint folder; `id_map.json` up to {MAX_ID_MAP_BYTES // mib} MiB; every "

@@ -5,10 +5,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ..spec.accounting import GIB, account
+from ..accounting.accounting import GIB, account
+from ..plan.memory_plan import WORKING_FORMULA, Hardware, MemoryPlan, Part, Verdict, memory_plan
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError, MissingFileError
-from ..spec.memory_plan import WORKING_FORMULA, Hardware, MemoryPlan, Part, Verdict, memory_plan
 from ..spec.presets import resolve_config
 from .arg_checks import check_at_least, check_at_most, check_finite
 

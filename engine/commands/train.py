@@ -4,13 +4,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..spec.config import load_config
 from ..spec.errors import InputError
+from ..text.engram_map import load_token_map
+from ..text.tokenizer import NOISE_ID, load_tokenizer
+from ..text.vocab import ID_MAP_NAME, IdMap
+from ..training.corpus import load_tokens, require_corpus
 from .run_args import add_config_options, add_run_arguments, apply_threads, config_from_args
 
 HELP = "train a model of the V4.1 architecture on a prepared corpus (see prepare_data); checkpoints and resumes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # training.train loads torch: only when this command's options are built
     from ..training.train import TrainConfig
     parser.add_argument("--config", required=True, help="model config.json (e.g. configs/default-small.json)")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
@@ -22,11 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..spec.config import load_config
-    from ..text.engram_map import load_token_map
-    from ..text.tokenizer import load_tokenizer
-    from ..text.vocab import ID_MAP_NAME, IdMap
-    from ..training.corpus import load_tokens, require_corpus
+    # loads torch: the CLI imports every command module for its help line, so only when this runs
     from ..training.train import TrainConfig, Trainer, describe
 
     apply_threads(args.threads)
@@ -54,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_vocabulary(model_args, id_map, config_path, id_map_path) -> None:
     """The config must be sized for the id map: same vocab_size, and DSpark's noise token in model ids."""
-    from ..text.tokenizer import NOISE_ID
-
     noise = id_map.model_id(NOISE_ID)
     if id_map.vocab_size != model_args.vocab_size:
         raise InputError(f"{config_path}: vocab_size {model_args.vocab_size} differs from the {id_map.vocab_size} ids "

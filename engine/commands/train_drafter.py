@@ -5,6 +5,8 @@ import argparse
 from pathlib import Path
 
 from ..spec.errors import InputError
+from ..text.vocab import ID_MAP_NAME
+from ..training.corpus import load_tokens
 from .run_args import add_config_options, add_run_arguments, apply_threads, config_from_args
 
 HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backbone frozen: block cross-entropy "
@@ -12,6 +14,7 @@ HELP = ("train the DSpark drafter (mtp.*) of a trained checkpoint with the backb
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # training.train_drafter loads torch: only when this command's options are built
     from ..training.train_drafter import DrafterTrainConfig
     parser.add_argument("--checkpoint", required=True, help="trained backbone (directory with model.safetensors, "
                         "config.json, id_map.json), e.g. the backbone run's --out")
@@ -31,10 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine and the trainer load torch: the CLI imports every command module for its help line
+    from ..checkpoint.store import load_weights
     from ..generation import Engine
     from ..model.options import EngineOptions
-    from ..text.vocab import ID_MAP_NAME
-    from ..training.corpus import load_tokens
+    from ..training.continuations import pool_continuations
     from ..training.train_drafter import DrafterTrainConfig, DrafterTrainer
 
     apply_threads(args.threads)
@@ -43,11 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--init-drafter starts a new drafter run; it cannot be combined with --resume")
     engine = Engine.load(checkpoint=args.checkpoint, options=EngineOptions(quant_sim=False, act_quant=False))
     if args.init_drafter:
-        from ..checkpoint.store import load_weights
         load_weights(engine.model, args.init_drafter, prefix="mtp.")
     continuations = None
     if args.continuations:
-        from ..training.continuations import pool_continuations
         continuations = pool_continuations(args.continuations, engine.args.vocab_size, cfg.seq + 1)
     ckpt = Path(args.checkpoint)
     ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent

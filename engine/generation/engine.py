@@ -141,10 +141,10 @@ class Engine:
 
 def _refuse_if_too_big(args, world, device, dtype: torch.dtype, checkpoint=None) -> None:
     """In one process every weight lands on `device`: refuse a model whose weights cannot fit there before
-    allocating any (engine.spec.memory_fit; a quantized official checkpoint leaves its Engram tables on disk).
+    allocating any (engine.plan.memory_fit; a quantized official checkpoint leaves its Engram tables on disk).
     Under torchrun each rank holds only its shard (engine.parallel), so the check is left to the memory plan."""
     from ..checkpoint.official_layout import official_folder
-    from ..spec.memory_fit import check_model_fits
+    from ..plan.memory_fit import check_model_fits
     if world is not None:
         return
     free = None

@@ -66,6 +66,7 @@ def _compiled_for(model, body):
 def graphs_compiled() -> int:
     """How many graphs dynamo has compiled in this process so far (its own counter; a load from inductor's disk
     cache counts too): a call that raises it compiled, and took longer than its later calls will."""
+    # torch._dynamo takes seconds to import: only when compiled bodies are counted
     from torch._dynamo.utils import counters
     return counters["stats"]["unique_graphs"]
 

@@ -9,6 +9,7 @@ from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
 from .compiled_body import compiled_body, ran_slowly
+from .cuda_capture import capture_cuda_graph
 from .decode_body import decode_body
 from .replay_mode import capture_for, scratch_row_for
 from .static_inputs import DecodeInputs
@@ -141,7 +142,6 @@ class GraphedDecoder:
                 st.sink.freeze()
             st.laid_out = True
             if self.capture:  # the step's outputs are already written; warm-up and capture rewrite the same
-                from .cuda_capture import capture_cuda_graph
                 st.graph = capture_cuda_graph(body, self.warmup)
 
     def _topk_width(self, positions: torch.Tensor):

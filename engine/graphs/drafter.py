@@ -9,6 +9,7 @@ from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
 from .buckets import bucket_for
 from .compiled_body import compiled_draft_body, ran_slowly
+from .cuda_capture import capture_cuda_graph
 from .draft_body import DraftInputs, draft_body
 from .replay_mode import capture_for, scratch_row_for
 from .trace_buffers import TraceBuffers
@@ -109,6 +110,5 @@ class GraphedDrafter:
                 st.sink.freeze()
             st.laid_out = True
             if self.capture:
-                from .cuda_capture import capture_cuda_graph
                 st.graph = capture_cuda_graph(body, self.warmup, what="draft",
                                               check="engine.graphs.check_draft_capture_safe(args)")

@@ -4,10 +4,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..dspark.drafter_cache import DrafterCache
+from ..model import Transformer
 from ..spec.errors import InputError
 from ..speedups import prepare_for_inference
 from ..speedups.fast_moe import FastMoE
 from .decode_body import decode_body
+from .draft_body import DraftInputs, draft_body
 from .static_inputs import DecodeInputs
 from .trace_buffers import TraceBuffers
 
@@ -20,7 +23,6 @@ def _meta_model(args, dtype, options):
     """`args`' Transformer on the meta device, prepared as for inference: shapes, no values (any Engram token
     map will do). Its MoEs never run densely, so that the proxy proves the gathered expert path: the one a
     full-size model's static body takes (a small model's dense path is two plain matmuls)."""
-    from ..model import Transformer
     token_map = np.zeros(args.vocab_size, dtype=np.int64) if args.has_engram else None
     model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device="meta", options=options))
     for module in model.modules():
@@ -57,9 +59,6 @@ def check_draft_capture_safe(args, *, batch: int = 2, dtype=torch.bfloat16, opti
     """check_capture_safe's sibling for the DSpark draft body (engine.graphs.draft_body): the model, the
     drafter rings and the static draft buffers on the meta device, the body run once (greedy: with the
     in-graph Markov argmax). A host read or value-sized shape anywhere raises CaptureUnsafeError."""
-    from ..dspark.drafter_cache import DrafterCache
-    from .draft_body import DraftInputs, draft_body
-
     if not args.has_dspark:
         raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter to check")
     body = draft_body if body is None else body

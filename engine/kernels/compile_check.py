@@ -36,6 +36,7 @@ def cases(act: str):
 
 
 def kernels() -> dict:
+    # the kernel modules import triton (optional, the gpu extra): only when compiling
     from . import engram, fp4_gemm, fp8_gemm, mhc_seam, moe_experts, router
     return {"mhc_seam": mhc_seam.mhc_seam_kernel, "router": router.router_kernel,
             "moe_gate_up": moe_experts.moe_gate_up_kernel, "moe_down": moe_experts.moe_down_kernel,
@@ -46,6 +47,7 @@ def kernels() -> dict:
 
 def compile_all(arch: int, dtypes: list[str]) -> list[str]:
     """Compile each case to a cubin; returns the failures (empty = all compiled)."""
+    # triton is optional (the gpu extra): only when compiling
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -40,6 +40,7 @@ class CpuKernel:
             self.reason = "turned off by V41VIZ_CPU_KERNELS=0"
             return None
         try:
+            # cpp_extension pulls in setuptools and the build tools: only when the kernel is built
             from torch.utils.cpp_extension import load
             _find_ninja()
             module = load(self.name, sources=[str(self.source)], extra_cflags=FLAGS, verbose=False)
@@ -59,6 +60,7 @@ def _find_ninja() -> None:
     (requirements.txt) outside it: put its folder on this process's PATH when PATH has no ninja."""
     if shutil.which("ninja") is None:
         try:
+            # the ninja package is optional here: a ninja on PATH does as well
             import ninja
         except ImportError:
             return

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.quant import fp8_qdq
 from .runtime import KERNEL_DTYPES, KernelInputError, block, check, compiled_for, require
 
 F32 = (torch.float32,)
@@ -50,6 +51,7 @@ def mhc_seam(x: torch.Tensor, *, fn: torch.Tensor | None = None, scale: torch.Te
         base = check(base, "base", shape=(mix_dim,), dtypes=F32, device=dev)
     if collapse:
         carry = check(carry, "carry", shape=(B, S, hc), dtypes=F32, device=dev)
+    # triton is optional (the gpu extra): the kernel module loads only when launched
     from .mhc_seam import mhc_seam_kernel
 
     x_out = torch.empty_like(x) if expand else None
@@ -93,6 +95,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, topk: in
             raise KernelInputError("vision given without bias_vl")
         bias_vl = check(bias_vl, "bias_vl", shape=(E,), dtypes=F32, device=dev)
         vision = check(vision, "vision", shape=(N,), dtypes=(torch.bool,), device=dev).to(torch.int8)
+    # triton is optional (the gpu extra): the kernel module loads only when launched
     from .router import router_kernel
 
     weights = torch.empty(N, topk, dtype=torch.float32, device=dev)
@@ -152,7 +155,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: t
     weights = check(weights, "weights", shape=(N, k), dtypes=F32, device=dev)
     if dev.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= E):
         raise KernelInputError(f"expert ids must lie in 0..{E - 1}, found {int(ids.min())}..{int(ids.max())}")
-    from ..model.quant import fp8_qdq
+    # triton is optional (the gpu extra): the kernel module loads only when launched
     from .moe_experts import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 
     out = torch.zeros(N, dim, dtype=torch.float32, device=dev)
@@ -195,6 +198,7 @@ def engram_gather(table: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
         raise KernelInputError(f"row_ids must be [..., cols] with cols ≥ 1, got shape {list(row_ids.shape)}")
     if dev.type == "cpu" and row_ids.numel() and (int(row_ids.min()) < 0 or int(row_ids.max()) >= R):
         raise KernelInputError(f"Engram row ids must lie in 0..{R - 1}, found {int(row_ids.min())}..{int(row_ids.max())}")
+    # triton is optional (the gpu extra): the kernel module loads only when launched
     from .engram import engram_gather_kernel
 
     n = row_ids.numel() // cols
@@ -220,6 +224,7 @@ def engram_gate_add(h: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k
     k_weight = check(k_weight, "k_weight", shape=(hc, D), dtypes=KERNEL_DTYPES, device=dev)
     if live is not None:
         live = check(live, "live", shape=(B, S), dtypes=(torch.bool,), device=dev).to(torch.int8)
+    # triton is optional (the gpu extra): the kernel module loads only when launched
     from .engram import engram_gate_add_kernel
 
     out = torch.empty_like(h)

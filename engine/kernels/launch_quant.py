@@ -31,6 +31,7 @@ def act_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=dev)
     s = torch.empty(M, n_kb, dtype=torch.float32, device=dev)
     if M and K:
+        # triton is optional (the gpu extra): the kernel module loads only when launched
         from .fp8_gemm import act_quant_kernel
 
         tile = 256 if dev.type == "cpu" else 16                           # K blocks of 32 per program
@@ -63,6 +64,7 @@ def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_scal
         raise KernelInputError(f"out_dtype {out_dtype} is not one of {', '.join(map(str, KERNEL_DTYPES))}")
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     if M and N:
+        # triton is optional (the gpu extra): the kernel module loads only when launched
         from .fp8_gemm import fp8_gemm_kernel
 
         bm, bn = _blocks_for(dev, M, N)
@@ -111,6 +113,7 @@ def fp4_expert_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weig
         raise KernelInputError(f"block_m must be a power of two ≥ 16 (tl.dot's smallest tile), got {block_m}")
     out = torch.zeros(n_rows, N, dtype=out_dtype, device=dev)
     if n_rows and N and tile_expert.numel():
+        # triton is optional (the gpu extra): the kernel module loads only when launched
         from .fp4_gemm import fp4_expert_gemm_kernel
 
         bn = _blocks_for(dev, block_m, N)[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ..checkpoint.files import check_against, checkpoint_files, read_header
 from ..checkpoint.finite import check_finite
@@ -51,7 +52,6 @@ def build_shard(args: ModelArgs, world: World, *, checkpoint: str | Path | None 
 def read_shard(model: Transformer, header: dict) -> None:
     """Fill a shard (shard_model's output) from the checkpoint whose read_header is `header`: per tensor only
     the rows or columns model.layout.source names, read from the memory-mapped file."""
-    from safetensors import safe_open
     state, layout = model.state_dict(), model.layout
     by_file: dict[Path, list[str]] = {}
     for name in state:

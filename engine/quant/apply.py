@@ -1,6 +1,6 @@
 """quantize_model: a built Transformer turned, in place, into the official checkpoint's storage (spec §2.2–2.4).
 
-What it makes, name by name from engine.spec.inventory.tensor_inventory(args) (the config must store dtype
+What it makes, name by name from engine.accounting.inventory.tensor_inventory(args) (the config must store dtype
 "fp8"; expert_dtype "fp4" gives MXFP4 routed experts):
 * every `X.weight` stored F8_E4M3 → FP8Linear: `X.weight` float8_e4m3fn + `X.scale` E8M0, input FP8-quantized;
 * every `X.weight` stored I8 → FP4Linear: packed MXFP4 + E8M0, input FP8-quantized; every MoE → QuantMoE;
@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..accounting.inventory import tensor_inventory
 from ..model.moe import MoE
 from ..spec.errors import InputError
-from ..spec.inventory import tensor_inventory
 from .formats import (
     dequantize_engram_rows,
     dequantize_fp4,

@@ -4,8 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from ..generation import Engine
+from ..parallel import join_world, leave_world
 from ..spec.errors import EngineError
 from .protocol import DEFAULT_PORT, KEY_ENV
+from .service import serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,11 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank (default 1)")
     a = p.parse_args(argv)
     try:
-        import torch
-
-        from ..generation import Engine
-        from ..parallel import join_world, leave_world
-        from .service import serve
         torch.set_num_threads(a.threads)
         world = join_world(a.device)
         engine = Engine.load(a.config, None if a.random_init else a.checkpoint, seed=a.seed, device=a.device)

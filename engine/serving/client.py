@@ -7,9 +7,12 @@ from collections.abc import Sequence
 from multiprocessing.connection import Client
 from pathlib import Path
 
+from ..checkpoint.store import id_map_beside
 from ..generation import Engine, GenerationResult, StepInfo
 from ..spec.config import config_from_dict
 from ..spec.errors import InputError
+from ..text.byte_fallback import ByteFallbackTokenizer
+from ..text.tokenizer import load_tokenizer
 from ..trace import Trace
 from .protocol import DEFAULT_PORT, authkey, budget_to_json, receive, result_from_json, send
 
@@ -29,11 +32,8 @@ class RemoteEngine(Engine):
         hello = self.request({"op": "hello"})["hello"]
         raw = dict(hello["args"])
         args = config_from_dict(raw, raw.pop("name", "") or "")
-        from ..text.tokenizer import load_tokenizer
         tokenizer = load_tokenizer()
         if hello["checkpoint"]:  # a reduced-vocabulary checkpoint maps model ids to tokenizer ids, as Engine.load does
-            from ..checkpoint.store import id_map_beside
-            from ..text.byte_fallback import ByteFallbackTokenizer
             id_map = id_map_beside(hello["checkpoint"], tokenizer, args.vocab_size)
             tokenizer = tokenizer if id_map is None else ByteFallbackTokenizer(id_map)
         self.args, self.model, self.tokenizer = args, None, tokenizer

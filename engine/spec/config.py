@@ -14,6 +14,7 @@ from .engram_layout import EngramLayout
 from .errors import ConfigError
 from .hf_config import is_hf_v4, release_form
 from .limits import JSON_MAX_DEPTH
+from .roles import layer_roles
 from .strict_json import read_capped
 from .validation import validate
 
@@ -165,7 +166,6 @@ class ModelArgs:
     @cached_property
     def roles(self):
         """One LayerRole per backbone layer, then one per draft stage (spec §4.3.3)."""
-        from .roles import layer_roles
         return layer_roles(self)
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 INT64_MAX = 2**63 - 1
 
 
@@ -61,8 +63,6 @@ class EngramLayout:
 
     def multipliers(self) -> list[list[int]]:
         """Per Engram layer, one odd multiplier per look-back 0..max_ngram-1, seeded by 10007·layer_id."""
-        import numpy as np
-
         bound = (INT64_MAX // self.compressed_vocab_size) // 2
         out = []
         for layer in self.layer_ids:

@@ -3,7 +3,7 @@
 The upper bounds are chosen so that any accepted config can at least be described — tensor inventory,
 accounting, role table, diagram — in bounded time and memory, with headroom over the largest real configs
 (configs/*.json: V4.1-Flash has 40 layers × 384 experts, `engine info` takes ~3 s and ~270 MB for it).
-Whether the model also fits in memory to *run* is a separate check (engine/spec/memory_fit.py).
+Whether the model also fits in memory to *run* is a separate check (engine/plan/memory_fit.py).
 """
 from __future__ import annotations
 

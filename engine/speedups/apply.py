@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.runtime import require
 from ..model.attention import Attention
 from ..model.block import Block
 from ..model.compressor import Compressor
@@ -113,7 +114,6 @@ def apply_kernels(model: nn.Module, backend: str | None = None) -> nn.Module:
         raise InputError(f"unknown kernels backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "torch":
         return remove_kernels(model)
-    from ..kernels.runtime import require
     require(next(model.parameters()).device)
     if next(model.parameters()).dtype == torch.float64:
         raise InputError("Triton kernels compute in fp32: build the model in float32, bfloat16 or float16, "

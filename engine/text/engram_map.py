@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tokenizers import Regex, normalizers
 
 from ..spec.errors import InputError
 from .tokenizer import Tokenizer, load_tokenizer
@@ -29,8 +30,6 @@ def compression_normalizer():
     Whitespace runs collapse to one space; a key that is exactly one space is protected from Strip by the
     sentinel so that whitespace-only tokens keep the key " " rather than becoming empty.
     """
-    from tokenizers import Regex, normalizers
-
     return normalizers.Sequence([
         normalizers.NFKC(), normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase(),
         normalizers.Replace(Regex(r"[ \t\r\n]+"), " "),

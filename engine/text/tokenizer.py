@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+from tokenizers import Tokenizer as RustTokenizer
+
 from ..spec.errors import InputError, MissingFileError
 
 # Special ids (spec §13). 128799 is a plain placeholder token that the V4.1 config names the DSpark noise token.
@@ -54,7 +56,6 @@ class Tokenizer:
     """
 
     def __init__(self, path: str | Path | None = None, id_map: Sequence[int] | None = None):
-        from tokenizers import Tokenizer as RustTokenizer
 
         self.path = Path(path) if path is not None else default_tokenizer_path()
         if not self.path.is_file():

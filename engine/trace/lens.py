@@ -15,6 +15,7 @@ def lens_values(hidden: np.ndarray, next_ids: np.ndarray, readout: Callable, k: 
     (top_ids [N, k], top_probs [N, k], next_rank [N], next_prob [N]). next_rank counts from 1 (1: the lens's top
     token; ties rank alike) and is -1, with next_prob NaN, where no next token is known. The logits of all
     layers and tokens come from a few large matmuls instead of one small one per layer and decode step."""
+    # torch loads only when this runs, not with the trace package: a saved trace opens without it
     import torch
     n = len(hidden)
     top_ids, top_probs = np.zeros((n, k), np.int64), np.zeros((n, k), np.float32)
@@ -48,6 +49,7 @@ def finished_rows(unfinished: np.ndarray, finish: Callable) -> np.ndarray:
     the collapse [dim] before the final norm; V4: the streams [hc, dim]) → finish(row) for each row on its own,
     [N, dim]: the bits the step's own calls would have made (a norm of many rows may take another path,
     engine.speedups.fast_norm)."""
+    # torch loads only when this runs, not with the trace package: a saved trace opens without it
     import torch
     if not len(unfinished):
         return unfinished

@@ -33,6 +33,7 @@ PARQUET_CODECS = ("UNCOMPRESSED", "SNAPPY")  # what pyarrow and pandas write by 
 
 
 def write_parquet_zip(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any]) -> bytes:
+    # pyarrow takes about 0.3 s to import: only Parquet writes and reads load it
     import pyarrow as pa
     import pyarrow.parquet as pq
     out = io.BytesIO()
@@ -137,6 +138,7 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
 
 def _open_table(name: str, raw: bytes):
     """The table's ParquetFile (only its footer parsed), its columns checked to be flat numbers, bools or text."""
+    # pyarrow takes about 0.3 s to import: only Parquet writes and reads load it
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -185,6 +187,7 @@ def _check_declared_sizes(files: dict) -> None:
 
 
 def _read_table(name: str, f) -> dict[str, np.ndarray]:
+    # pyarrow takes about 0.3 s to import: only Parquet writes and reads load it
     import pyarrow as pa
     try:
         table = f.read()

@@ -25,6 +25,7 @@ class PendingLogits:
         block = self.block
         if block is None or block.size(1) != row.numel() or block.device != row.device:
             self.resolve(k)
+            # torch loads only when this runs, not with the trace package: a saved trace opens without it
             import torch
             rows = max(1, PENDING_BYTES // (4 * row.numel()))
             block = self.block = torch.empty(rows, row.numel(), dtype=torch.float32, device=row.device)
@@ -41,5 +42,6 @@ class PendingLogits:
             self.block = None
         if not records:
             return
+        # token_logits loads torch: only when logits are resolved, not with the trace package
         from .token_logits import set_predicted
         set_predicted(records, block[: len(records)], k)

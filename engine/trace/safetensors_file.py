@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save
 
 from .limits import MAX_CELLS, MAX_COLUMNS, MAX_DECODED_BYTES, MAX_HEADER_BYTES, MAX_ROWS, MiB
 from .tables import FORMAT, TABLES, TraceFormatError
@@ -17,7 +18,6 @@ DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "I64": np.dtype("<i8")
 
 
 def write_safetensors(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any]) -> bytes:
-    from safetensors.numpy import save
     tensors: dict[str, np.ndarray] = {}
     categories: dict[str, list[str]] = {}
     for name, cols in tables.items():

@@ -19,6 +19,7 @@ def stochastic_errors(comb):
     """comb [..., hc, hc] (a tensor, or an array) → (max |row sum − 1|, max |column sum − 1|) per matrix, each
     [...], in comb's dtype and on its device: engine.model.mhc.stochastic_error (imported here: torch loads only
     when a trace is read or recorded, not with this module)."""
+    # torch loads only when this runs, not with the trace package: a saved trace opens without it
     import torch
 
     from ..model.mhc import stochastic_error
@@ -38,6 +39,7 @@ def packed_mix(post, comb):
     """(post [..., hc], comb [..., hc, hc]) → mix [..., hc, hc + 1] = [combᵀ | post] (a new tensor or array)."""
     if isinstance(comb, np.ndarray):
         return np.concatenate([comb.swapaxes(-1, -2), np.asarray(post)[..., None]], -1)
+    # torch loads only when this runs, not with the trace package: a saved trace opens without it
     import torch
     return torch.cat([comb.transpose(-1, -2), post.unsqueeze(-1).to(comb.dtype)], -1)
 

@@ -12,9 +12,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..bench.cpu import machine_description
+from ..accounting.accounting import account
+from ..bench.machine import machine_description
+from ..checkpoint.files import checkpoint_files
+from ..generation import Engine
 from ..spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from ..spec.errors import InputError, MissingFileError
+from ..text.vocab import ID_MAP_NAME, IdMap
+from ..trace import Trace, TraceBudget
 from .card_decoding import measure_dspark, measure_samples, measure_text_quality
 from .card_prompts import heldout_prompts
 from .card_render import render
@@ -57,7 +62,6 @@ def check_inputs(ckpt: Path, data: Path) -> None:
 
 def check_same_vocabulary(engine, data: Path) -> None:
     """The corpus's model ids must mean what the checkpoint's do: both id maps list the same tokenizer ids."""
-    from ..text.vocab import ID_MAP_NAME, IdMap
     ours = getattr(engine.tokenizer, "reduced_vocab", None)
     if (data / ID_MAP_NAME).is_file() != (ours is not None):
         raise InputError(f"{data} and the checkpoint disagree on the vocabulary: only one of them has {ID_MAP_NAME}")
@@ -79,7 +83,6 @@ def unigram_loss(train: np.ndarray, targets: np.ndarray, vocab_size: int) -> flo
 @torch.no_grad()
 def measure_heldout(model, windows: np.ndarray, batch: int) -> dict:
     """Cross-entropy, per-layer expert loads and Engram gates over the held-out windows (one Trace per batch)."""
-    from ..trace import Trace, TraceBudget
     total, count = 0.0, 0
     loads: dict[str, np.ndarray] = {}
     gates: dict[str, list[np.ndarray]] = {}      # path -> [positions, hc] per batch
@@ -180,6 +183,7 @@ def drafter_phases(ckpt: Path) -> list[dict]:
 
 
 def plot_loss(curve: dict, unigram: float, path: Path) -> None:
+    # matplotlib is optional (the train extra): only the card's loss plot needs it
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -200,9 +204,6 @@ def plot_loss(curve: dict, unigram: float, path: Path) -> None:
 
 def build_card(ckpt: str | Path, data: str | Path, opts: CardOptions = CardOptions(), log=print) -> dict:
     """Measure everything and write MODEL_CARD.md, card.json and loss_curve.png into `ckpt`; returns card.json."""
-    from ..checkpoint.files import checkpoint_files
-    from ..generation import Engine
-    from ..spec.accounting import account
     ckpt, data = Path(ckpt), Path(data)
     check_inputs(ckpt, data)
     manifest = json.loads((data / MANIFEST_NAME).read_text(encoding="utf-8"))

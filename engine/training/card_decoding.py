@@ -5,6 +5,8 @@ import statistics
 
 import torch
 
+from ..dspark.metrics import summarize
+from ..generation import DSparkConfig
 from .text_quality import REPEAT_N, measure_ids, pooled
 
 PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")  # the samples' prompts (fixed, any style)
@@ -39,8 +41,6 @@ def rate(results) -> float:
 def compare_prompts(engine, ids: list[list[int]], temperature: float, extra: dict, opts) -> dict:
     """Plain and DSpark decoding of each prompt alone (batch 1, as `generate --prompt` runs), repeated with the
     order alternating (a busy machine slows both alike): the pooled row and one row per prompt."""
-    from ..dspark.metrics import summarize
-    from ..generation import DSparkConfig
     kw = dict(max_new_tokens=opts.new_tokens, seed=opts.seed, stop_tokens=(), temperature=temperature, **extra)
     runs: dict[bool, list[list]] = {False: [], True: []}            # per repeat: one result per prompt
     for rep in range(opts.repeats):

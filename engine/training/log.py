@@ -49,6 +49,7 @@ def progress_bar(total: int, start: int = 0):
     """A tqdm bar over optimizer steps `start`..`total` on stderr; the loop puts loss, tokens/s and a note in
     its postfix. In a terminal it redraws in place; otherwise (output sent to a file) it writes one line per
     step, so a log stays readable line by line."""
+    # tqdm is optional (the train extra): only a training loop draws a bar
     from tqdm import tqdm
 
     if sys.stderr.isatty():

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..checkpoint.store import load_weights, save_checkpoint
 from ..spec.errors import InputError, MissingFileError
@@ -20,7 +22,6 @@ def save_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     train_state.json is written last (atomically): a run is resumable from `out` once it exists."""
     out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(model, out, extra_metadata=metadata)                       # fp32: resume is exact
-    from safetensors.torch import save_file
     tensors = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -44,7 +45,6 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not a readable training state ({e})") from None
     load_weights(model, out)
-    from safetensors.torch import load_file
     saved = load_file(str(out / OPTIMIZER_NAME))
     by_name = {names[id(p)]: p for group in optimizer.param_groups for p in group["params"]}
     restored: dict[torch.Tensor, dict] = {}
@@ -64,8 +64,6 @@ def load_training_state(out: Path, model: torch.nn.Module, optimizer: torch.opti
 def export_checkpoint(run_dir: Path, model: torch.nn.Module, dest: Path, metadata: dict[str, str]) -> Path:
     """The shippable checkpoint: bf16 weights (the official F32 tensors stay F32) + config.json, with the
     run's id_map.json and log.csv beside them; no optimizer state. Returns the weights file."""
-    import shutil
-
     file = save_checkpoint(model, dest, extra_metadata=metadata, dtype="bf16")
     for name in ("id_map.json", "log.csv"):
         if (run_dir / name).is_file() and (run_dir / name).resolve() != (dest / name).resolve():

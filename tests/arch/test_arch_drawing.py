@@ -72,7 +72,7 @@ def test_engine_source_read_from_files_equals_what_inspect_finds(module_type):
 
 
 def test_the_memory_plan_chart_stacks_each_gpu_and_groups_equal_ones():
-    from engine.spec.memory_plan import Hardware, memory_plan
+    from engine.plan.memory_plan import Hardware, memory_plan
     from v41viz.arch.plan_panels import SEGMENTS, device_bars_svg
     plan = memory_plan(load_config(list_presets()["deepseek-v4.1-flash"]), Hardware(gpus=8, gpu_mem_gib=141))
     root = ET.fromstring(device_bars_svg(plan))

@@ -1,8 +1,8 @@
 """The diagram graph: node ids are checkpoint paths, folding and roles, tensor ownership, layout, URL state."""
 import pytest
 
+from engine.accounting.inventory import inventory_tuple
 from engine.spec.config import load_config
-from engine.spec.inventory import inventory_tuple
 from engine.spec.presets import list_presets
 from v41viz.arch.compare import field_diff, mechanisms, role_diff
 from v41viz.arch.details import node_details, tensor_table

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.accounting.inventory import inventory_tuple
 from engine.checkpoint.errors import CheckpointError
 from engine.checkpoint.header import MAX_HEADER_BYTES
 from engine.checkpoint.index import MAX_INDEX_BYTES
@@ -29,7 +30,6 @@ from engine.cli import main as cli_main
 from engine.generation import Engine
 from engine.model import Transformer, init_weights
 from engine.spec.errors import MissingFileError
-from engine.spec.inventory import inventory_tuple
 from engine.text.engram_map import load_token_map
 from engine.text.tokenizer import NOISE_ID, load_tokenizer
 from engine.text.vocab import IdMap

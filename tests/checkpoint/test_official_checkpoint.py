@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.accounting.inventory import inventory_tuple
 from engine.checkpoint.official import OfficialCheckpoint, ShardRows
 from engine.checkpoint.official_layout import INDEX_NAME, official_args, official_folder, shard_name
 from engine.checkpoint.official_load import load_official, load_official_model
@@ -25,7 +26,6 @@ from engine.quant.formats import dequantize_fp8
 from engine.quant.host_engram import HostEngramTable
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
-from engine.spec.inventory import inventory_tuple
 
 SOURCE = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 SHARDS = 3

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.accounting.inventory import TensorSpec, inventory_tuple
 from engine.checkpoint.official_layout import (
     ENGRAM_TABLE_SUFFIX,
     INDEX_NAME,
@@ -25,7 +26,6 @@ from engine.checkpoint.official_writer import encode
 from engine.model import Transformer, init_weights
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.engram_layout import EngramLayout
-from engine.spec.inventory import TensorSpec, inventory_tuple
 from engine.text.vocab import ID_MAP_NAME
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -73,16 +73,3 @@ def test_module_entry_point():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["family"] == "v4.1"
 
-
-def test_info_tokenizer_and_plan_import_no_torch():
-    """The CLI builds only the chosen subcommand's options, so the describing commands start without torch."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    code = ("import sys, io, contextlib; from engine.cli import main\n"
-            "for argv in (['info', 'deepseek-v4.1-flash'], ['tokenizer', '--text', 'hi'], ['plan', 'tiny-v4.1']):\n"
-            "    with contextlib.redirect_stdout(io.StringIO()): assert main(argv) == 0\n"
-            "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.stdout.strip() == "False", out.stderr

@@ -3,9 +3,9 @@ tiny preset's state_dict against the official tensor inventory."""
 import numpy as np
 import torch
 
+from engine.accounting.inventory import tensor_inventory
 from engine.model import Transformer
 from engine.spec.config import load_config
-from engine.spec.inventory import tensor_inventory
 from engine.speedups import prepare_for_inference
 from tests.model_helpers import TINY
 

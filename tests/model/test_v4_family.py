@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.accounting.inventory import tensor_inventory
 from engine.checkpoint.official_layout import official_args
 from engine.checkpoint.official_load import load_official_model
 from engine.checkpoint.official_writer import write_official
@@ -16,7 +17,6 @@ from engine.graphs.safety import check_capture_safe, check_draft_capture_safe
 from engine.model import EngineOptions, Transformer, init_weights
 from engine.quant.apply import round_trip_weights
 from engine.spec.config import load_config
-from engine.spec.inventory import tensor_inventory
 from engine.spec.roles import family_roles
 from engine.speedups import prepare_for_inference
 from tests.model_helpers import RecordingTrace, random_tokens

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from engine.accounting.inventory import tensor_inventory
 from engine.generation import DSparkConfig, Engine
 from engine.model import EngineOptions, Transformer, init_weights
 from engine.model.moe import MoE
@@ -14,7 +15,6 @@ from engine.quant import HostEngramTable, quantize_model, resident_bytes, round_
 from engine.quant.apply import DEQUANTIZED_AT_LOAD, HOST_TABLES, quantized_modules
 from engine.quant.modules import FP4Linear, FP8Linear, QuantMoE
 from engine.spec.errors import InputError
-from engine.spec.inventory import tensor_inventory
 from engine.speedups import prepare_for_inference
 from tests.model_helpers import random_tokens, synthetic_token_map, tiny_args
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from engine import cli
+from engine.plan.memory_fit import available_memory, check_model_fits, lower_bound, resident_bytes
 from engine.spec.config import ConfigError, config_from_text, load_config
 from engine.spec.errors import InputError
 from engine.spec.limits import CONFIG_MAX_BYTES
-from engine.spec.memory_fit import available_memory, check_model_fits, lower_bound, resident_bytes
 from engine.spec.presets import list_presets
 from engine.spec.strict_json import read_capped
 from tests.bounded import run_engine
@@ -293,7 +293,7 @@ def test_the_official_estimate_counts_quantized_weights_as_stored_and_no_engram_
 
 def test_the_official_estimate_of_v41_flash_is_its_checkpoint_without_the_engram_tables():
     """In bf16 the resident weights are the checkpoint minus the 189 GiB of Engram tables (plus wo_a in BF16)."""
-    from engine.spec.accounting import account
+    from engine.accounting.accounting import account
     acc = account(load_config(V41))
     without_tables = acc.checkpoint_bytes - acc.bytes_by_kind["engram_tables"]
     assert 1.0 < resident_bytes(load_config(V41), 2, official=True) / without_tables < 1.02

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.spec.accounting import Accounting
+from engine.accounting.accounting import Accounting
+from engine.accounting.experts_touched import expected_touched
+from engine.accounting.published_figures import published_figures
 from engine.spec.config import ModelArgs
-from engine.spec.experts_touched import expected_touched
-from engine.spec.published_figures import published_figures
 
 from .details import human
 

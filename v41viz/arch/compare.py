@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from engine.spec.accounting import account
+from engine.accounting.accounting import account
 from engine.spec.config import ModelArgs
 
 from .details import human

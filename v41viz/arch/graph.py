@@ -146,7 +146,7 @@ def owner_of(g: nx.DiGraph, tensor_name: str) -> str | None:
 def attach_inventory(g: nx.DiGraph, inventory) -> list[str]:
     """Give each node its tensors (name, shape, dtype) and totals, own and with submodules.
 
-    `inventory` is engine.spec.accounting.tensor_inventory(args). Returns tensor names no node owns."""
+    `inventory` is engine.accounting.accounting.tensor_inventory(args). Returns tensor names no node owns."""
     for _, data in g.nodes(data=True):
         data["tensors"], data["own_params"], data["own_bytes"] = [], 0, 0
     orphans = []

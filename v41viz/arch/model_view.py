@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from engine.spec.accounting import Accounting, account
+from engine.accounting.accounting import Accounting, account
+from engine.accounting.inventory import inventory_tuple
 from engine.spec.config import ModelArgs
-from engine.spec.inventory import inventory_tuple
 
 from .details import human
 from .folding import LayerGroup, fold_layers

@@ -1,4 +1,4 @@
-"""The memory plan as tables and a per-device figure (engine.spec.memory_plan), without Streamlit."""
+"""The memory plan as tables and a per-device figure (engine.plan.memory_plan), without Streamlit."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ from html import escape
 
 import pandas as pd
 
-from engine.spec.accounting import GIB
-from engine.spec.memory_plan import MemoryPlan
+from engine.accounting.accounting import GIB
+from engine.plan.memory_plan import MemoryPlan
 
 from .details import human
 

@@ -7,12 +7,12 @@ import plotly.graph_objects as go
 
 from engine.trace import Trace
 
+from .links import related
 from .panel_style import thinned_categories
 from .tokens import axis_labels, coloured_text_html, labels
 
 
 def engram_paths(trace: Trace, only: str | None = None) -> list[str]:
-    from .links import related
     return [p for p in trace.paths("engram") if related(p, only)]
 
 

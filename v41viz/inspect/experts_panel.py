@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.spec.experts_touched import expected_touched
+from engine.accounting.experts_touched import expected_touched
 from engine.trace import Trace, path_order
 
 from .links import related

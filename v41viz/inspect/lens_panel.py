@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from engine.trace import Trace
 
+from .links import related
 from .panel_style import thinned_categories, titled
 from .tokens import axis_labels, labels, probability_text, visible
 
@@ -18,7 +19,6 @@ TextOf = Callable[[int], str]
 
 def lens_paths(trace: Trace, only: str | None = None) -> list[str]:
     """The layers with lens records (under the module filter `only`, when it names one of them)."""
-    from .links import related
     paths = trace.paths("lens")
     return [p for p in paths if related(p, only)] or paths
 

@@ -168,6 +168,7 @@ class StopRequested(Exception):
 def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callable[[LiveRun, str], None]) -> None:
     """Generate with the run's trace; on_piece(run, text) after each decoded piece. Updates run in place, so
     an interrupted generation (the Stop button) leaves what it produced."""
+    # the Engine loads torch: the Inspect page shows a saved trace without it
     from engine.generation import TextStream
     ids = [engine.encode_prompt(settings.prompt)]
     stream = TextStream(engine.tokenizer)

@@ -5,8 +5,8 @@ from functools import partial
 
 import streamlit as st
 
+from engine.plan.memory_plan import WORKING_FORMULA, Hardware, memory_plan
 from engine.spec.errors import InputError
-from engine.spec.memory_plan import WORKING_FORMULA, Hardware, memory_plan
 
 from ..arch import accounting_panels as panels
 from ..arch import plan_panels
@@ -271,7 +271,8 @@ def _hover(view: ModelView, index: ModuleIndex, node: str) -> str:
 def accounting_tabs(view: ModelView) -> None:
     a, acc = view.args, view.accounting
     st.subheader("Accounting")
-    st.caption("Exact sums over the checkpoint tensor inventory derived from the config (engine.spec.accounting).")
+    st.caption("Exact sums over the checkpoint tensor inventory derived from the config "
+               "(engine.accounting.accounting).")
     # Only the open tab is drawn (a tab switch reruns the page): the first view carries no chart of these tabs.
     tabs = st.tabs(["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"],
                    key="arch_accounting_tab", on_change="rerun")
@@ -304,7 +305,7 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
     """The memory plan of the selected config for the hardware typed in (same numbers as `python -m engine plan`)."""
     st.subheader("Memory plan")
     st.caption("Where the checkpoint, the KV caches and the working buffers go when this config is served on N GPUs "
-               "(engine.spec.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
+               "(engine.plan.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
                "data; the weight bytes are the exact checkpoint bytes, the working buffers an estimate.")
     d, cols = Hardware(), st.columns(5)
     gpus = cols[0].number_input("GPUs", 1, 256, d.gpus, key="plan_gpus")

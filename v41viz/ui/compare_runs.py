@@ -3,8 +3,11 @@ Inspect page uses), or two saved traces; then the two runs side by side. Torch i
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import streamlit as st
+
+from engine.spec.errors import EngineError
 
 from ..inspect.export import trace_from_upload
 from ..inspect.tokens import literal_text_html
@@ -92,10 +95,7 @@ def run_form(choices: dict[str, engine_session.ModelChoice]):
 
 def start(choices, key_a: str, key_b: str, fields: dict) -> None:
     """Check the settings, load both engines (cached for the process, shared with Inspect) and start A then B."""
-    from dataclasses import replace
-
-    from engine.spec.errors import EngineError
-
+    # inspect.run loads torch: the Compare page stays torch-free until a run starts
     from ..inspect.run import GenSettings
     from ..inspect.run_pair import start_pair
     settings = GenSettings(**fields)
@@ -116,6 +116,7 @@ def start(choices, key_a: str, key_b: str, fields: dict) -> None:
 def watch(pair) -> None:
     """Both runs' status and text while they generate (A, then B), with one Stop for the pair; the page is drawn
     again when both have ended. Leaving the page only stops the watching."""
+    # inspect.run loads torch: the Compare page stays torch-free until a run starts
     from ..inspect.run import status_sentence
     st.html(f"<style>{STATUS_STOP} {{display: none}}</style>")
     st.button("Stop", key="compare_runs_stop", icon=":material/stop_circle:", on_click=pair.stop,
@@ -138,6 +139,7 @@ def watch(pair) -> None:
 
 def ended(pair) -> None:
     """How each run ended, with its time, and any error message."""
+    # inspect.run loads torch: the Compare page stays torch-free until a run starts
     from ..inspect.run import status_sentence
     cols = st.columns(2)
     for col, side, run in zip(cols, "AB", pair.runs):

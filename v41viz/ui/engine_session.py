@@ -2,6 +2,7 @@
 through a lock whose queue the waiting sessions see; per-session runs live in st.session_state."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.accounting.accounting import account
 from engine.checkpoint.official_layout import official_folder
-from engine.spec.accounting import account
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.presets import list_presets
 
@@ -76,7 +77,6 @@ def _runnable_preset(path: str) -> bool:
 
 def card_summary(checkpoint: Path) -> str | None:
     """One line from a checkpoint's card.json (written by `python -m engine card`), or None without one."""
-    import json
     try:
         card = json.loads((checkpoint / "card.json").read_text(encoding="utf-8"))
         h, works = card["heldout"], card["corpus"]["works"]
@@ -148,12 +148,14 @@ class EngineSlot:
 
 def load_slot(choice: ModelChoice) -> EngineSlot:
     """Build the engine (no Streamlit); the app wraps this in st.cache_resource."""
+    # torch only when a model is loaded: the pages without one stay torch-free
     import torch
 
     from engine.generation import Engine
     torch.set_num_threads(TORCH_THREADS)
     t0 = time.perf_counter()
     if choice.service:
+        # loads torch as well: only when the app attaches to a service
         from engine.serving import RemoteEngine
         engine = RemoteEngine(choice.service)
     elif choice.checkpoint is None:

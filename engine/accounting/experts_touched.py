@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from ..spec.errors import InputError
 
 
 def _check(n_experts: int, top_k: int, batch: int) -> None:

@@ -5,12 +5,12 @@ import os
 from math import prod
 from typing import TYPE_CHECKING
 
-from .accounting import GIB, account, kind_of
-from .errors import InputError
-from .inventory import inventory_tuple
+from ..accounting.accounting import GIB, account, kind_of
+from ..accounting.inventory import inventory_tuple
+from ..spec.errors import InputError
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 QUANTIZED_DTYPES = ("F8_E4M3", "F8_E8M0", "I8")  # kept as stored by the quantized official loader
 DEQUANTIZED_AT_LOAD = ".attn.wo_a."               # spec §2.4: held in the compute dtype
@@ -100,7 +100,7 @@ def _gib(n: int) -> str:
 
 def _address_space_limit() -> int | None:
     try:
-        import resource
+        import resource  # Unix only: imported where the limit is read, so the check runs elsewhere too
     except ImportError:  # not a Unix
         return None
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]

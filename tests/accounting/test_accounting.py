@@ -4,11 +4,11 @@ from math import ceil
 
 import pytest
 
-from engine.spec.accounting import GIB, KINDS, account, kind_of, module_params
+from engine.accounting.accounting import GIB, KINDS, account, kind_of, module_params
+from engine.accounting.inventory import tensor_inventory
+from engine.accounting.published_figures import published_figures
 from engine.spec.config import load_config
-from engine.spec.inventory import tensor_inventory
 from engine.spec.presets import list_presets
-from engine.spec.published_figures import published_figures
 
 V41 = load_config(list_presets()["deepseek-v4.1-flash"])
 V4 = load_config(list_presets()["deepseek-v4-flash"])

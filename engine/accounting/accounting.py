@@ -7,11 +7,11 @@ from functools import lru_cache
 from math import ceil
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from ..spec.errors import InputError
 from .inventory import DRAFT_NOTE, VISION_NOTE, TensorSpec, inventory_tuple
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 GIB = 2**30
 

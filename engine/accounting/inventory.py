@@ -17,11 +17,11 @@ from functools import lru_cache
 from math import ceil, prod
 from typing import TYPE_CHECKING
 
-from .errors import InputError
-from .roles import family_roles
+from ..spec.errors import InputError
+from ..spec.roles import family_roles
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 # Bytes per stored element. I8 holds two FP4 (e2m1) values for routed experts.
 DTYPE_BYTES = {"F32": 4, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I32": 4, "I64": 8}

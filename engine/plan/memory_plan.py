@@ -7,12 +7,12 @@ from functools import lru_cache
 from math import ceil
 from typing import TYPE_CHECKING
 
-from .accounting import GIB, KINDS, account, compressed_kv_bytes, index_key_bytes, kind_of, window_bytes
-from .errors import InputError
-from .inventory import inventory_tuple
+from ..accounting.accounting import GIB, KINDS, account, compressed_kv_bytes, index_key_bytes, kind_of, window_bytes
+from ..accounting.inventory import inventory_tuple
+from ..spec.errors import InputError
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 PAGE = 4096  # one host page: a gathered Engram row brings at least one page of its tensor into RAM
 

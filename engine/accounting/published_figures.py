@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .accounting import GIB, account
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 # Where the published numbers come from: V4.1-Flash's model card and tech report (§4.2.1), the vLLM recipe's
 # memory table and spec §2.1/§5; V4-Flash's model card (284B total, 13B activated) and DSpark diagram page.

@@ -1,7 +1,7 @@
 """Distinct experts read by a batch: the closed form against a seeded simulation (seed 000's check)."""
 import pytest
 
-from engine.spec.experts_touched import expected_touched, simulate_touched, touched_table
+from engine.accounting.experts_touched import expected_touched, simulate_touched, touched_table
 
 
 def test_closed_form_limits_and_seed_values():

@@ -5,11 +5,11 @@ from math import ceil
 
 import pytest
 
+from engine.accounting.accounting import GIB, account
+from engine.accounting.inventory import inventory_tuple
 from engine.cli import main
-from engine.spec.accounting import GIB, account
+from engine.plan.memory_plan import Hardware, memory_plan, near_equal, tensor_rule
 from engine.spec.errors import InputError
-from engine.spec.inventory import inventory_tuple
-from engine.spec.memory_plan import Hardware, memory_plan, near_equal, tensor_rule
 from engine.spec.presets import list_presets, resolve_config
 
 V41 = "deepseek-v4.1-flash"
