@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def lines() -> list[str]:
-    """One Markdown bullet per kind of input (the README's "Input limits" list is this output)."""
+    """One Markdown bullet per kind of input (docs/limits.md lists this output)."""
     from ..checkpoint.header import MAX_HEADER_BYTES
     from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
     from ..model.sampling import MAX_SEED, MIN_TEMPERATURE
