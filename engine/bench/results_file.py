@@ -28,6 +28,7 @@ class ResultsRecorder:
         self.kind = kind
         args = sys.argv[1:] if argv is None else list(argv)
         self.command = " ".join(["python", *program.split(), *map(shlex.quote, args)])
+        self.commit = commit_description() if self.path else ""   # the code that measures, as it starts
         self.load_before = os.getloadavg()
         self.t0 = time.perf_counter()
 
@@ -40,7 +41,7 @@ class ResultsRecorder:
         import torch
         results = {"format": FORMAT, "kind": self.kind, "command": self.command,
                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                   "commit": commit_description(), "machine": machine(), "torch": torch.__version__,
+                   "commit": self.commit, "machine": machine(), "torch": torch.__version__,
                    "threads": threads, "load_average": {"before": [round(x, 2) for x in self.load_before],
                                                         "after": [round(x, 2) for x in os.getloadavg()]},
                    "wall_s": round(time.perf_counter() - self.t0, 1), "settings": settings or {}, "rows": rows,
