@@ -3,7 +3,8 @@
     .venv/bin/python scripts/render_results.py [--check] [FILE.md ...]
 
 NAME is a results file's stem (docs/results/NAME.json), optionally with a view: `engine_bench/trace` renders
-engine_bench.json's trace-overhead table. Every block is replaced by what its file renders to: the table, then one
+engine_bench.json's trace-overhead table; `card` renders the shipped model's held-out figures from its
+checkpoints/default/card.json (which `python -m engine card` writes). Every block is replaced by what its file renders to: the table, then one
 line naming the machine, torch, threads, date, commit, load average and the command that wrote the file. Without
 files it updates docs/benchmarks.md, README.md and every docs/*.md holding a block; --check changes nothing and
 exits with 1 if a block differs from its file (the test suite runs the same comparison).
@@ -11,6 +12,7 @@ exits with 1 if a block differs from its file (the test suite runs the same comp
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from engine.bench.results_file import load  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
+CARD = ROOT / "checkpoints" / "default" / "card.json"   # `python -m engine card` writes it; the block `card` reads it
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w/-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
@@ -138,6 +141,18 @@ def parallel(r: dict, view: str) -> list[str]:
                  [[row["ranks"], spread(row["decode_tokens_per_s"]), f"×{row['ratio']:.2f}"] for row in r["rows"]])
 
 
+def card(c: dict) -> list[str]:
+    """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
+    h, m = c["heldout"], c["measured"]
+    body = table(["parameters", "held-out windows × tokens", "loss (nats/token)", "perplexity", "bits per byte",
+                  "unigram perplexity"],
+                 [[f"{c['model']['total_params']:,}", f"{h['windows']:,} × {h['seq']} ({h['tokens']:,} predicted)",
+                   f"{h['loss']:.3f}", f"{h['perplexity']:.1f}", f"{h['bits_per_byte']:.3f}",
+                   f"{h['unigram_perplexity']:.1f}"]])
+    return [*body, "", f"*{m['machine']}; torch {m['torch']}, {m['threads']} thread(s); {m['date']}: "
+                       f"`python -m engine card {c['checkpoint']}` ({c['checkpoint']}/card.json)*"]
+
+
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
              "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel}
@@ -146,6 +161,8 @@ RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspar
 def render(name: str, results_dir: Path = RESULTS) -> str:
     """The block's body for NAME ("stem" or "stem/view"): the table, a blank line, the provenance line."""
     stem, _, view = name.partition("/")
+    if stem == "card":
+        return "\n".join(card(json.loads(CARD.read_text(encoding="utf-8")))) + "\n"
     path = results_dir / f"{stem}.json"
     if not path.is_file():
         raise FileNotFoundError(f"the block '{name}' has no results file {path}: run its command with --results")
