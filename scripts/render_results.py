@@ -4,8 +4,9 @@
 
 NAME is a results file's stem (docs/results/NAME.json), optionally with a view: `engine_bench/trace` renders
 engine_bench.json's trace-overhead table; `card` renders the shipped model's held-out figures from its
-checkpoints/default/card.json (which `python -m engine card` writes). Every block is replaced by what its file renders to: the table, then one
-line naming the machine, torch, threads, date, commit, load average and the command that wrote the file. Without
+checkpoints/default/card.json (which `python -m engine card` writes). Every block is replaced by what its file
+renders to: the table, then one line naming the machine, torch, threads, date, commit, load average and the
+command that wrote the file. Without
 files it updates docs/benchmarks.md, README.md and every docs/*.md holding a block; --check changes nothing and
 exits with 1 if a block differs from its file (the test suite runs the same comparison).
 """
