@@ -71,7 +71,9 @@ def bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.results_file import ResultsRecorder
-    recorder = ResultsRecorder(getattr(args, "results", None), "engine_bench", "-m engine")   # argv: sys.argv's
+    from ..parallel.world import is_main_process
+    results = getattr(args, "results", None) if is_main_process() else None   # under torchrun, rank 0 writes it
+    recorder = ResultsRecorder(results, "engine_bench", "-m engine")   # the command line: sys.argv's
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
