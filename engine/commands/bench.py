@@ -71,9 +71,7 @@ def bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.results_file import ResultsRecorder
-    from ..parallel.world import is_main_process
-    results = getattr(args, "results", None) if is_main_process() else None   # under torchrun, rank 0 writes it
-    recorder = ResultsRecorder(results, "engine_bench", "-m engine")   # the command line: sys.argv's
+    recorder = ResultsRecorder(getattr(args, "results", None), "engine_bench", "-m engine")   # command: sys.argv's
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
@@ -105,7 +103,9 @@ def bench(args: argparse.Namespace) -> int:
     out = out if graphs is None else {**out, "cuda_graphs": graphs}
     out = out if compiled is None else {**out, "compile": compiled}
     out = out if spec is None else {**out, "dspark": spec.to_dict()}
-    recorder.write([out], torch.get_num_threads())
+    from ..parallel.world import is_main_process
+    if is_main_process():   # under torchrun, rank 0 writes the results file
+        recorder.write([out], torch.get_num_threads())
     if args.json:
         print(json.dumps(out, indent=1))
     else:
