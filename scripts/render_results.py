@@ -35,14 +35,17 @@ def table(head: list[str], rows: list[list]) -> list[str]:
 
 
 def spread(s: dict, digits: int = 1, unit: str = "") -> str:
-    """median [min–max] of a spread dict."""
+    """median [min–max] of a spread dict (the median alone where there was one value)."""
+    if s["min"] == s["max"]:
+        return f"{s['median']:,.{digits}f}{unit}"
     return f"{s['median']:,.{digits}f}{unit} [{s['min']:,.{digits}f}–{s['max']:,.{digits}f}]"
 
 
 def provenance(r: dict) -> str:
     """The line under every table: where, when, with what and under which load the file was measured."""
     m, load_ = r["machine"], r["load_average"]
-    threads = "" if r["threads"] is None else f", {r['threads']} thread(s)"
+    count = r["threads"]
+    threads = "" if count is None else f", {'/'.join(map(str, count)) if isinstance(count, list) else count} thread(s)"
     return (f"*{m['cpu']}, {m['cores']} cores; torch {r['torch']}{threads}; {r['date']} at {r['commit']}; load "
             f"average {load_['before'][0]:.2f} before, {load_['after'][0]:.2f} after; {r['wall_s']:,.0f} s: "
             f"`{r['command']}`*")
