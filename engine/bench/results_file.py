@@ -40,7 +40,7 @@ class ResultsRecorder:
             return None
         import torch
         results = {"format": FORMAT, "kind": self.kind, "command": self.command,
-                   "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "commit": self.commit, "machine": machine(), "torch": torch.__version__,
                    "threads": threads, "load_average": {"before": [round(x, 2) for x in self.load_before],
                                                         "after": [round(x, 2) for x in os.getloadavg()]},
