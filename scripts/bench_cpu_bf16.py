@@ -2,6 +2,7 @@
 and the input widened against a resident fp32 copy of the weight (engine.speedups.cpu_bf16's choices).
 
     .venv/bin/python scripts/bench_cpu_bf16.py [--threads 1] [--rows 1,6,64] [--sizes 192x192,...] [--rounds 7]
+        [--results OUT]
 
 Each round times every way once per shape and row count, interleaved (so a change of machine speed reaches all
 four alike); the table shows microseconds per product as the median [min–max] over the rounds, and each bf16 way's
@@ -32,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", default=SIZES, help="comma-separated weight shapes OUTxIN")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--seconds", type=float, default=0.05, help="time per way, shape and round")
+    p.add_argument("--results", help="also write the table as a results file (docs/results/cpu_bf16.json)")
     args = p.parse_args(argv)
     try:
         args.rows = [int(r) for r in args.rows.split(",")]
@@ -60,6 +62,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     from engine.bench.machine import machine_description
+    from engine.bench.results_file import ResultsRecorder, spread
     from engine.speedups.cpu_bf16 import (
         COPY_MAX_MACS,
         RESIDENT_MAX_ELEMENTS,
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
         through_fp32_copy,
         widens,
     )
+    recorder = ResultsRecorder(args.results, "cpu_bf16", "scripts/bench_cpu_bf16.py", argv)
     torch.set_num_threads(args.threads)
     cases = []
     for out, inp in args.sizes:
@@ -99,14 +103,21 @@ def main(argv=None) -> int:
           f"multiply-adds{'' if native else ' (every product: no bf16 instructions)'}; µs per product, "
           f"median [min–max] of {args.rounds} interleaved rounds (× fp32's median)")
     print(f"{'weight':>10} {'rows':>5}  " + "  ".join(f"{w:>28}" for w in WAYS) + "  engine")
+    table = []
     for shape, rows, engine_way, _ in cases:
         base = statistics.median(times[shape, rows, "fp32"])
+        table.append({"weight": f"{shape[0]}x{shape[1]}", "rows": rows, "engine": engine_way,
+                      "ways": {way: {**spread(times[shape, rows, way]),
+                                     "ratio": statistics.median(times[shape, rows, way]) / base} for way in WAYS}})
         cells = []
         for way in WAYS:
             ts = times[shape, rows, way]
             med = statistics.median(ts)
             cells.append(f"{med:8.1f} [{min(ts):7.1f}–{max(ts):7.1f}] ×{med / base:4.2f}")
         print(f"{shape[0]:>5}x{shape[1]:<4} {rows:>5}  " + "  ".join(f"{c:>28}" for c in cells) + f"  {engine_way}")
+    recorder.write(table, args.threads, settings={"rounds": args.rounds, "seconds": args.seconds,
+                                                  "bf16_instructions": native, "resident_max_elements":
+                                                  RESIDENT_MAX_ELEMENTS, "copy_max_macs": COPY_MAX_MACS})
     return 0
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_dspark.py [--repeats 5] [--new-tokens 64] [--prompts 8] [--threads 1]
         [--temperature 0] [--repetition-penalty 1] [--checkpoint checkpoints/default] [--data data/shakespeare]
-        [--compile] [--json OUT]
+        [--compile] [--json OUT] [--results OUT]
 
 The prompts are the model card's (engine.training.card_prompts: speech openings spread evenly over the held-out works
 of the prepared corpus, which no training step saw). One process, one thread: every repeat runs each prompt in the
@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MODES = ("plain", "auto", "all")
+RATIOS = ("auto", "all", "auto_cpu", "all_cpu")   # mode / plain in tokens/s, plain / mode in CPU seconds
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="every mode's repetition penalty (1 = off)")
     p.add_argument("--compile", action="store_true", help="every mode through torch.compile (see above)")
     p.add_argument("--json", help="also write the per-run numbers to this file")
+    p.add_argument("--results", help="also write the table as a results file (docs/results/dspark.json)")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.new_tokens < 2 or args.prompts < 1 or args.threads < 1:
         p.error("--repeats, --prompts and --threads must be at least 1, --new-tokens at least 2")
@@ -91,33 +93,49 @@ def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compi
     return out
 
 
-def table(prompts: list[str], runs: list[dict], sampled: bool = False) -> list[str]:
-    def spread(xs):
-        return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+def result_rows(prompts: list[str], runs: list[dict], sampled: bool = False) -> list[dict]:
+    """Per prompt, and for all prompts together: plain tokens/s and each mode's ratios to plain (median, min, max
+    over the repeats), accepted lengths, the auto schedule's plain steps and whether the tokens were identical."""
+    from engine.bench.results_file import spread
 
     def ratios(mine, mode, key="tokens_per_s"):
         if key == "cpu_s":   # the same tokens in less CPU time: plain's seconds over the mode's
             return [r["plain"]["cpu_s"] / r[mode]["cpu_s"] for r in mine]
         return [r[mode][key] / r["plain"][key] for r in mine]
-    lines = ["| prompt | plain tokens/s | auto / plain | all / plain | auto / plain, CPU time | all / plain, CPU time "
-             "| accepted length auto / all | auto's plain steps | identical |", "|---|---|---|---|---|---|---|---|---|"]
-    every = {key: [] for key in ("auto", "all", "auto_cpu", "all_cpu")}
+    rows, every = [], {key: [] for key in RATIOS}
     for i, prompt in enumerate(prompts):
         mine = [r for r in runs if r["prompt"] == i]
         got = {"auto": ratios(mine, "auto"), "all": ratios(mine, "all"), "auto_cpu": ratios(mine, "auto", "cpu_s"),
                "all_cpu": ratios(mine, "all", "cpu_s")}
         for key, xs in got.items():
             every[key] += xs
-        steps = sum(r["auto"]["plain_steps"] for r in mine), sum(r["auto"]["drafting_steps"] for r in mine)
-        accepted = [statistics.mean(r[m]["accepted_length"] for r in mine) for m in ("auto", "all")]
         same = all(r[m]["tokens"] == r["plain"]["tokens"] for r in mine for m in ("auto", "all"))
-        plain = statistics.median(r["plain"]["tokens_per_s"] for r in mine)
-        lines.append(f"| {prompt.replace(chr(10), ' ')} | {plain:.1f} | "
-                     f"{' | '.join(spread(got[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} | "
-                     f"{accepted[0]:.2f} / {accepted[1]:.2f} | {steps[0]} of {sum(steps)} | "
-                     f"{'yes' if same else 'no (sampled)' if sampled else 'NO'} |")
-    lines.append(f"| all prompts | | {' | '.join(spread(every[k]) for k in ('auto', 'all', 'auto_cpu', 'all_cpu'))} "
-                 "| | | |")
+        rows.append({"prompt": prompt.replace(chr(10), " "),
+                     "plain_tokens_per_s": statistics.median(r["plain"]["tokens_per_s"] for r in mine),
+                     **{key: spread(got[key]) for key in RATIOS},
+                     "accepted_length": {m: statistics.mean(r[m]["accepted_length"] for r in mine)
+                                         for m in ("auto", "all")},
+                     "auto_plain_steps": sum(r["auto"]["plain_steps"] for r in mine),
+                     "auto_steps": sum(r["auto"]["plain_steps"] + r["auto"]["drafting_steps"] for r in mine),
+                     "identical": "yes" if same else "no (sampled)" if sampled else "NO"})
+    rows.append({"prompt": "all prompts", **{key: spread(every[key]) for key in RATIOS}})
+    return rows
+
+
+def table(prompts: list[str], runs: list[dict], sampled: bool = False) -> list[str]:
+    """The Markdown table of result_rows."""
+    rows = result_rows(prompts, runs, sampled)
+
+    def cell(s):
+        return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+    lines = ["| prompt | plain tokens/s | auto / plain | all / plain | auto / plain, CPU time | all / plain, CPU time "
+             "| accepted length auto / all | auto's plain steps | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows[:-1]:
+        lines.append(f"| {row['prompt']} | {row['plain_tokens_per_s']:.1f} | "
+                     f"{' | '.join(cell(row[k]) for k in RATIOS)} | "
+                     f"{row['accepted_length']['auto']:.2f} / {row['accepted_length']['all']:.2f} | "
+                     f"{row['auto_plain_steps']} of {row['auto_steps']} | {row['identical']} |")
+    lines.append(f"| all prompts | | {' | '.join(cell(rows[-1][k]) for k in RATIOS)} | | | |")
     return lines
 
 
@@ -126,9 +144,11 @@ def main(argv=None) -> int:
     import torch
 
     from engine.bench.machine import machine_description
+    from engine.bench.results_file import ResultsRecorder
     from engine.dspark.config import DSparkConfig
     from engine.dspark.profile import stored_table, table_path
     from engine.generation import Engine
+    recorder = ResultsRecorder(args.results, "dspark", "scripts/bench_dspark.py", argv)
     torch.set_num_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint)
     prompts = held_out_prompts(engine, Path(args.data), args.prompts)
@@ -166,6 +186,11 @@ def main(argv=None) -> int:
           f"{', '.join(f'{1000 / sps(s):.1f}' for s in range(1, gamma + 2))} ms, a draft step "
           f"{1000 * sps.draft_cost(1):.1f} ms")
     print("\n".join(table(prompts, runs, sampled=args.temperature > 0)))
+    recorder.write(result_rows(prompts, runs, sampled=args.temperature > 0), args.threads, settings={
+        "checkpoint": Path(args.checkpoint).name, "temperature": args.temperature,
+        "repetition_penalty": args.repetition_penalty, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "compile": args.compile, "verify_ms": [1000 / sps(s) for s in range(1, gamma + 2)],
+        "draft_ms": 1000 * sps.draft_cost(1)})
     if args.json:
         Path(args.json).write_text(json.dumps({"prompts": prompts, "runs": runs, "load_average": [load_before,
                                                                                                   load_after]}))

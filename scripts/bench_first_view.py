@@ -4,7 +4,7 @@
 the server's cold caches); (b) a click on a box: the server time (the rerun request leaving the browser → the
 server's "script finished" message, read off the websocket) and the browser round trip (click → the node's details
 shown). Prints medians and ranges.
-Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 5] [--clicks 12] [--root DIR]
+Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 5] [--clicks 12] [--root DIR] [--results OUT]
 --root serves another copy of the app (for a before/after: `git archive REV | tar -x -C DIR`); the diagram labels
 are found both as SVG text (the diagram component) and as plotly annotations (the plotly diagram before it).
 """
@@ -137,12 +137,16 @@ def summary(name: str, xs: list[float]) -> str:
             f"over {len(xs)} ({', '.join(f'{x:.2f}' for x in xs)})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=5, help="fresh browser contexts for (a)")
     ap.add_argument("--clicks", type=int, default=12, help="box clicks for (b)")
     ap.add_argument("--root", type=Path, default=ROOT, help="the app folder to serve (default: this checkout)")
-    opts = ap.parse_args()
+    ap.add_argument("--results", help="also write the timings as a results file (docs/results/first_view.json)")
+    opts = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from engine.bench.results_file import ResultsRecorder, spread
+    recorder = ResultsRecorder(opts.results, "first_view", "scripts/bench_first_view.py", argv)
     proc, base = start_server(opts.root)
     try:
         with sync_playwright() as p:
@@ -163,6 +167,14 @@ def main() -> None:
     print(summary("(b) click → server script run", server))
     print(summary("(b) click → details shown in the browser", round_trip))
     print(f"load average at the end (1/5/15 min): {' '.join(load)} on {len(os.sched_getaffinity(0))} CPU(s)")
+    rows = [{"measure": "first view, fresh server (cold caches): diagram", "seconds": spread([cold[1]]), "n": 1},
+            {"measure": "first view, fresh browser context: diagram", "seconds": spread([w[1] for w in warm]),
+             "n": len(warm)},
+            {"measure": "of which navigation → page title", "seconds": spread([w[0] for w in warm]), "n": len(warm)},
+            {"measure": "click → server script run", "seconds": spread(server), "n": len(server)},
+            {"measure": "click → details shown in the browser", "seconds": spread(round_trip), "n": len(round_trip)}]
+    recorder.write(rows, None, settings={"app": "this checkout" if opts.root == ROOT else str(opts.root),
+                                         "sessions": opts.sessions, "clicks": opts.clicks})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Decode tokens/s on 1, 2 and 4 CPU ranks (torchrun, gloo); communication per decode token of V4.1-Flash at TP/EP 8.
 
-    .venv/bin/python scripts/bench_parallel.py [--config default-small] [--ranks 1 2 4] [--runs 3]
+    .venv/bin/python scripts/bench_parallel.py [--config default-small] [--ranks 1 2 4] [--runs 3] [--results OUT]
 
 Each run is one `engine bench --json` (1 rank: a plain process; N ranks: torchrun --standalone), one torch thread
 per rank; the runs of the rank counts are interleaved so that a busy machine slows them alike. Reported: the
@@ -36,7 +36,7 @@ def bench_once(config: Path, ranks: int, a: argparse.Namespace) -> dict:
     return json.loads(run.stdout)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="default-small", help="preset or config.json (default default-small)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
@@ -44,7 +44,10 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2, help="bench repeats inside each launch (default 2)")
-    a = p.parse_args()
+    p.add_argument("--results", help="also write the table as a results file (docs/results/parallel.json)")
+    a = p.parse_args(argv)
+    from engine.bench.results_file import ResultsRecorder, spread
+    recorder = ResultsRecorder(a.results, "parallel", "scripts/bench_parallel.py", argv)
     args = resolve_config(a.config)
     widest = max(a.ranks)
     note = ""
@@ -67,7 +70,13 @@ def main() -> int:
               f"range {min(rates[n]):8.1f} – {max(rates[n]):8.1f}"
               f"   × {med / one:.2f} of {a.ranks[0]} rank")
     print()
-    print("\n".join(volume_lines(resolve_config("deepseek-v4.1-flash"), 8)))
+    volume = volume_lines(resolve_config("deepseek-v4.1-flash"), 8)
+    print("\n".join(volume))
+    recorder.write([{"ranks": n, "decode_tokens_per_s": spread(rates[n]),
+                     "ratio": statistics.median(rates[n]) / one} for n in a.ranks], 1,
+                   settings={"config": a.config, "note": note.strip(), "prompt_len": a.prompt_len,
+                             "new_tokens": a.new_tokens, "runs": a.runs, "repeats": a.repeats},
+                   notes=volume)
     return 0
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_revision.py REV [--configs tiny-v4.1,tiny-v4,configs/default-small-3k.json]
         [--threads 1,2] [--runs 5] [--prompt-len 32] [--new-tokens 32] [--repeats 3] [--dtype float32|bfloat16]
-        [--compile] [--bf16] [--json OUT]
+        [--compile] [--bf16] [--json OUT] [--results OUT]
 
 REV is checked out into a temporary detached `git worktree`, removed at the end (also on an error, Ctrl-C or
 SIGTERM). Each run launches `python -m engine bench --json` once per side, config and thread count, each in a fresh
@@ -289,6 +289,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true",
                    help="add the working tree in bfloat16 and a table of it against the working tree's --dtype")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the per-run figures and the table as JSON")
+    p.add_argument("--results", type=Path, metavar="OUT",
+                   help="also write the tables as a results file (docs/results/revision.json)")
     a = p.parse_args(argv)
     a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     try:
@@ -304,7 +306,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def run_comparison(a: argparse.Namespace) -> int:
+def run_comparison(a: argparse.Namespace, recorder=None) -> int:
     commit = resolve_revision(a.rev)
     for spec in a.configs:  # a missing config file is named before anything is checked out
         config_argument(spec)
@@ -346,14 +348,24 @@ def run_comparison(a: argparse.Namespace) -> int:
                                       "machine": machine_line(), "settings": settings, "notes": notes,
                                       "runs": records, "table": rows, "trace_overhead": trace_rows,
                                       "bf16_table": bf16_rows}, indent=1))
+    if recorder is not None:
+        recorder.write(rows, a.threads, settings={"revision": a.rev, "commit": commit, "labels": labels,
+                                                  "revisions": revisions, "settings": settings, "dtype": a.dtype},
+                       tables={"trace_overhead": trace_rows, **({"bf16": bf16_rows} if bf16_rows else {})},
+                       notes=notes)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_arguments(argv)
+    recorder = None
+    if a.results is not None:
+        sys.path.insert(0, str(ROOT))
+        from engine.bench.results_file import ResultsRecorder
+        recorder = ResultsRecorder(a.results, "revision", "scripts/bench_revision.py", argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: the worktree goes
     try:
-        return run_comparison(a)
+        return run_comparison(a, recorder)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

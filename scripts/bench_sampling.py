@@ -1,7 +1,7 @@
 """One sampled token on this CPU, two ways: torch.multinomial(p, 1) and engine.model.sampling.sample_index (the
 engine's draw: one uniform number against the running sum).
 
-    .venv/bin/python scripts/bench_sampling.py [--threads 1] [--vocab 3229,129280] [--rounds 7]
+    .venv/bin/python scripts/bench_sampling.py [--threads 1] [--vocab 3229,129280] [--rounds 7] [--results OUT]
 
 Each round times both ways once per vocabulary size, interleaved; the table shows microseconds per draw as the median
 [min–max] over the rounds, and sample_index's median relative to torch.multinomial's. The distribution is a softmax
@@ -26,6 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", default="3229,129280", help="comma-separated vocabulary sizes")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--seconds", type=float, default=0.1, help="time per way, size and round")
+    p.add_argument("--results", help="also write the table as a results file (docs/results/sampling.json)")
     args = p.parse_args(argv)
     try:
         args.vocab = [int(v) for v in args.vocab.split(",")]
@@ -51,8 +52,10 @@ def main(argv=None) -> int:
     import torch
 
     from engine.bench.machine import machine_description
+    from engine.bench.results_file import ResultsRecorder, spread
     from engine.model.sampling import sample_index
 
+    recorder = ResultsRecorder(args.results, "sampling", "scripts/bench_sampling.py", argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     probs = {v: torch.softmax(torch.randn(v, generator=g), -1) for v in args.vocab}
@@ -68,6 +71,7 @@ def main(argv=None) -> int:
     print(f"one draw from a {'/'.join(map(str, args.vocab))}-id distribution; {machine_description('cpu')}, "
           f"{args.threads} thread(s); µs per draw, median [min–max] of {args.rounds} interleaved rounds")
     print(f"{'vocabulary':>10} {'torch.multinomial':>26} {'sample_index':>26}  ratio")
+    rows = []
     for v in args.vocab:
         cells = []
         for w in ways:
@@ -75,6 +79,9 @@ def main(argv=None) -> int:
             cells.append(f"{statistics.median(t):8.1f} [{min(t):7.1f}–{max(t):7.1f}]")
         ratio = statistics.median(times[v, "sample_index"]) / statistics.median(times[v, "torch.multinomial"])
         print(f"{v:>10} {cells[0]:>26} {cells[1]:>26}  ×{ratio:.3f}")
+        rows.append({"vocabulary": v, "multinomial_us": spread(times[v, "torch.multinomial"]),
+                     "sample_index_us": spread(times[v, "sample_index"]), "ratio": ratio})
+    recorder.write(rows, args.threads, settings={"rounds": args.rounds, "seconds": args.seconds})
     return 0
 
 

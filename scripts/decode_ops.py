@@ -2,6 +2,7 @@
 where the self CPU time goes (torch.profiler), for each dtype side by side.
 
     .venv/bin/python scripts/decode_ops.py [--config tiny-v4.1] [--dtypes float32,bfloat16] [--steps 20] [--top 15]
+        [--results OUT]
 
 A seeded random-init model of the config (as `engine bench` builds it: prepare_for_inference, batch 1, one thread),
 a prompt of 32 tokens, 5 greedy decode steps to warm up, then --steps profiled ones. The table lists per step the
@@ -28,6 +29,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,bfloat16", help=f"comma-separated, of {', '.join(DTYPES)}")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--results", help="also write the table as a results file (docs/results/decode_ops.json)")
     args = p.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
     if any(d not in DTYPES for d in args.dtypes) or len(set(args.dtypes)) != len(args.dtypes):
@@ -63,8 +65,10 @@ def main(argv=None) -> int:
 
     from engine.bench.cpu import bench_model
     from engine.bench.machine import machine_description
+    from engine.bench.results_file import ResultsRecorder
     from engine.spec.errors import InputError
     from engine.spec.presets import resolve_config
+    recorder = ResultsRecorder(args.results, "decode_ops", "scripts/decode_ops.py", argv)
     torch.set_num_threads(1)
     profiles = {}
     try:
@@ -85,11 +89,17 @@ def main(argv=None) -> int:
               for k in kinds}
     header = "".join(f"  {d + ' calls':>15} {d + ' µs':>13}" for d in args.dtypes)
     print(f"{'op':36}{header}")
+    rows = []
     for k in sorted(kinds, key=lambda k: -spread[k])[:args.top]:
+        rows.append({"op": k, **{d: {"calls": profiles[d][0][k] / n, "self_us": profiles[d][1][k] / n}
+                                 for d in args.dtypes}})
         print(f"{k[:36]:36}" + "".join(f"  {profiles[d][0][k] / n:15.0f} {profiles[d][1][k] / n:13.0f}"
                                        for d in args.dtypes))
     print(f"{'all aten ops':36}" + "".join(f"  {sum(profiles[d][0].values()) / n:15.0f} "
                                            f"{sum(profiles[d][1].values()) / n:13.0f}" for d in args.dtypes))
+    rows.append({"op": "all aten ops", **{d: {"calls": sum(profiles[d][0].values()) / n,
+                                              "self_us": sum(profiles[d][1].values()) / n} for d in args.dtypes}})
+    recorder.write(rows, 1, settings={"config": config.name or args.config, "dtypes": args.dtypes, "steps": n})
     return 0
 
 

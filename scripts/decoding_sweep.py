@@ -3,6 +3,7 @@ n-gram sizes, each measured on greedy continuations of held-out speech openings 
 of the card samples' fixed prompts ('ROMEO:', ...: where the shipped model's greedy text ran into whitespace).
 
     .venv/bin/python scripts/decoding_sweep.py [--checkpoint checkpoints/default] [--data data/shakespeare]
+        [--results OUT]
 
 Prints one row per setting (engine.training.text_quality: whitespace tokens, longest whitespace run, repeated
 4-grams, words, known-word share); engine.spec.decoding_options' SUGGESTED_* constants record the choice made from it.
@@ -42,7 +43,13 @@ def row(label: str, n: str, name: str, q: dict, seconds: str) -> str:
             f"{100 * q['known_word_share']:.1f}% | {seconds} |")
 
 
-def main() -> int:
+def record(label: str, n: str, name: str, q: dict, seconds: float | None) -> dict:
+    """One row of the results file: the setting, the prompt group and its pooled measures."""
+    return {"repetition_penalty": label, "no_repeat_ngram": n, "prompts": name, **q,
+            **({} if seconds is None else {"seconds": seconds})}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="checkpoints/default")
     parser.add_argument("--data", default="data/shakespeare")
@@ -51,7 +58,10 @@ def main() -> int:
                         help="comma-separated repetition penalties")
     parser.add_argument("--ngrams", default="0,3,6", help="comma-separated no-repeat n-gram sizes")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--results", help="also write the table as a results file (docs/results/decoding_sweep.json)")
+    args = parser.parse_args(argv)
+    from engine.bench.results_file import ResultsRecorder
+    recorder = ResultsRecorder(args.results, "decoding_sweep", "scripts/decoding_sweep.py", argv)
     import torch
     torch.set_num_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint)
@@ -67,15 +77,21 @@ def main() -> int:
     print(f"| repetition penalty | no-repeat n-gram | prompts | whitespace tokens | longest whitespace run | repeated "
           f"{REPEAT_N}-grams | words (fewest in one) | known words | seconds |")
     print("|---|---|---|---|---|---|---|---|---|")
-    print(row("the held-out text itself", "", "held-out",
-              held_out_text_itself(engine, held, groups["held-out"], args.new_tokens, known), ""), flush=True)
+    itself = held_out_text_itself(engine, held, groups["held-out"], args.new_tokens, known)
+    print(row("the held-out text itself", "", "held-out", itself, ""), flush=True)
+    rows = [record("the held-out text itself", "", "held-out", itself, None)]
     for penalty in (float(x) for x in args.penalties.split(",")):
         for n in (int(x) for x in args.ngrams.split(",")):
             for name, prompts in groups.items():
                 t0 = time.perf_counter()
                 q, _ = greedy_quality(engine, prompts, args.new_tokens, known, repetition_penalty=penalty,
                                       no_repeat_ngram=n)
-                print(row(f"{penalty:g}", str(n), name, q, f"{time.perf_counter() - t0:.0f}"), flush=True)
+                seconds = time.perf_counter() - t0
+                print(row(f"{penalty:g}", str(n), name, q, f"{seconds:.0f}"), flush=True)
+                rows.append(record(f"{penalty:g}", str(n), name, q, seconds))
+    recorder.write(rows, args.threads, settings={"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
+                                                 "heldout_prompts": len(groups["held-out"]),
+                                                 "fixed_prompts": len(PROMPTS)})
     return 0
 
 

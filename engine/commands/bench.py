@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and activations of the plain and --compile rows (default float32; bfloat16 "
                              "keeps the tensors the reference holds in fp32, such as the head, in fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--results", metavar="OUT",
+                        help="also write that object as a results file, with the command, date, commit, machine and "
+                             "load (docs/results/engine_bench.json)")
     parser.add_argument("--gpu", action="store_true",
                         help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
                              "with and without kernels, and the bandwidth floor (CUDA; on CPU only under TRITON_INTERPRET=1)")
@@ -72,6 +75,8 @@ def bench(args: argparse.Namespace) -> int:
         reason = unavailable_reason(args.device)
         if reason is not None:
             raise InputError(f"--gpu on {args.device}: {reason}")
+    from ..bench.results_file import ResultsRecorder
+    recorder = ResultsRecorder(getattr(args, "results", None), "engine_bench", "-m engine")   # command: sys.argv's
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
@@ -95,11 +100,15 @@ def bench(args: argparse.Namespace) -> int:
         spec = run_dspark_bench(resolve_config(args.config), schedule=args.schedule, batch=args.batch,
                                 prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                                 seed=args.seed, device=args.device)
+    out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
+    out = out if graphs is None else {**out, "cuda_graphs": graphs}
+    out = out if compiled is None else {**out, "compile": compiled}
+    out = out if spec is None else {**out, "dspark": spec.to_dict()}
+    from ..parallel.world import is_main_process
+    if is_main_process():   # under torchrun, rank 0 writes the results file
+        recorder.write([out], torch.get_num_threads())
     if args.json:
-        out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
-        out = out if graphs is None else {**out, "cuda_graphs": graphs}
-        out = out if compiled is None else {**out, "compile": compiled}
-        print(json.dumps(out if spec is None else {**out, "dspark": spec.to_dict()}, indent=1))
+        print(json.dumps(out, indent=1))
     else:
         print("\n".join(result.lines() + ([] if gpu is None else gpu.lines()) +
                         ([] if graphs is None else graph_rate_lines(graphs)) +

@@ -30,6 +30,22 @@ def test_the_table_has_every_shape_and_row_count():
             assert (med - 0.05) / (base + 0.05) - 0.005 <= ratio <= (med + 0.05) / (base - 0.05) + 0.005
 
 
+def test_results_file_holds_every_way_of_every_product(tmp_path):
+    from engine.bench.results_file import load
+    path = tmp_path / "cpu_bf16.json"
+    out = run_script("--sizes", "8x16", "--rows", "1,3", "--rounds", "2", "--seconds", "0.002", "--results", str(path))
+    assert out.returncode == 0, out.stderr
+    results = load(path)
+    assert results["kind"] == "cpu_bf16" and [(r["weight"], r["rows"]) for r in results["rows"]] == [("8x16", 1),
+                                                                                                    ("8x16", 3)]
+    printed = [m for m in map(ROW.match, out.stdout.splitlines()) if m]
+    for row, m in zip(results["rows"], printed):
+        assert list(row["ways"]) == ["fp32", "bf16 kernel", "widened per call", "resident fp32 copy"]
+        assert row["ways"]["fp32"]["ratio"] == 1.0 and row["engine"] == m[20]
+        for i, way in enumerate(row["ways"].values()):
+            assert way["min"] <= way["median"] <= way["max"] and f"{way['median']:.1f}" == m[4 + 4 * i]
+
+
 def test_malformed_arguments_are_refused():
     for args in (("--rows", "one"), ("--sizes", "192"), ("--sizes", "0x4"), ("--rounds", "0")):
         out = run_script(*args)

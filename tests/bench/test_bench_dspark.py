@@ -58,3 +58,6 @@ def test_differing_outputs_read_as_drawn_when_sampling_and_as_a_failure_when_gre
     assert greedy.endswith("| NO |") and sampled.endswith("| no (sampled) |")
     runs[0]["auto"]["tokens"] = [1, 2]
     assert script.table(["P"], runs)[2].endswith("| yes |")
+    rows = script.result_rows(["P"], runs)                # what --results writes: the table's rows, unformatted
+    assert rows[0]["identical"] == "yes" and rows[0]["auto"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert rows[-1]["prompt"] == "all prompts" and set(rows[-1]) == {"prompt", "auto", "all", "auto_cpu", "all_cpu"}

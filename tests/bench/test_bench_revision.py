@@ -38,7 +38,8 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
     before = worktrees()
     out = tmp_path / "runs.json"
     run = run_script("HEAD", "--configs", "tiny-v4.1", "--threads", "1", "--runs", "1", "--prompt-len", "4",
-                     "--new-tokens", "3", "--repeats", "1", "--bf16", "--json", str(out))
+                     "--new-tokens", "3", "--repeats", "1", "--bf16", "--json", str(out), "--results",
+                     str(tmp_path / "revision.json"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert worktrees() == before
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -55,6 +56,10 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
                                                                 ("tiny-v4.1", "1", "decode")], run.stdout
 
     figures = json.loads(out.read_text())
+    from engine.bench.results_file import load
+    results = load(tmp_path / "revision.json")        # the results file: the same tables as the --json one
+    assert results["rows"] == figures["table"] and results["tables"]["bf16"] == figures["bf16_table"]
+    assert results["tables"]["trace_overhead"] == figures["trace_overhead"] and results["threads"] == [1]
     assert sorted(r["side"] for r in figures["runs"]) == ["rev", "tree", "tree_bf16"]
     assert [r["bench"]["dtype"] for r in figures["runs"] if r["side"] != "rev"] in (["float32", "bfloat16"],
                                                                                      ["bfloat16", "float32"])

@@ -26,6 +26,24 @@ def test_the_table_has_every_vocabulary_size():
         assert (a - 0.05) / (b + 0.05) - 5e-4 <= ratio <= (a + 0.05) / (b - 0.05) + 5e-4
 
 
+def test_results_file_holds_the_rows_the_table_prints(tmp_path):
+    from engine.bench.results_file import load
+    path = tmp_path / "sampling.json"
+    out = run_script("--vocab", "50,300", "--rounds", "3", "--seconds", "0.002", "--results", str(path))
+    assert out.returncode == 0, out.stderr
+    results = load(path)
+    assert results["kind"] == "sampling" and results["threads"] == 1 and results["settings"]["rounds"] == 3
+    assert results["command"] == f"python scripts/bench_sampling.py --vocab 50,300 --rounds 3 --seconds 0.002 " \
+                                 f"--results {path}"
+    printed = {int(m[1]): m for m in map(ROW.match, out.stdout.splitlines()) if m}
+    assert [row["vocabulary"] for row in results["rows"]] == [50, 300]
+    for row in results["rows"]:
+        m = printed[row["vocabulary"]]
+        assert f"{row['multinomial_us']['median']:.1f}" == m[2] and f"{row['sample_index_us']['median']:.1f}" == m[5]
+        assert row["ratio"] == row["sample_index_us"]["median"] / row["multinomial_us"]["median"]
+        assert f"{row['ratio']:.3f}" == m[8]
+
+
 def test_malformed_arguments_are_refused():
     for args in (("--vocab", "many"), ("--vocab", "0"), ("--rounds", "0"), ("--seconds", "0")):
         out = run_script(*args)

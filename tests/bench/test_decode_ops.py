@@ -9,8 +9,8 @@ from tests.script_helpers import script_runner
 run_script = script_runner("decode_ops.py")
 
 
-def test_counts_the_ops_of_a_decode_step_per_dtype():
-    out = run_script("--steps", "2", "--top", "40")
+def test_counts_the_ops_of_a_decode_step_per_dtype(tmp_path):
+    out = run_script("--steps", "2", "--top", "40", "--results", str(tmp_path / "ops.json"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("tiny-v4.1: aten ops per eager decode step") and "2 profiled steps" in lines[0]
@@ -25,6 +25,10 @@ def test_counts_the_ops_of_a_decode_step_per_dtype():
     counts = {r[1]: (int(r[2]), int(r[4])) for r in rows}
     assert int(total[3]) > int(total[1])
     assert counts["aten::_to_copy"][1] > counts["aten::_to_copy"][0]
+    from engine.bench.results_file import load  # the results file holds the printed rows, the total last
+    results = load(tmp_path / "ops.json")
+    assert [r["op"] for r in results["rows"]] == [r[1] for r in rows] + ["all aten ops"]
+    assert f"{results['rows'][-1]['bfloat16']['calls']:.0f}" == total[3] and results["settings"]["steps"] == 2
 
 
 def test_bad_arguments_are_refused():

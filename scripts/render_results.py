@@ -1,0 +1,211 @@
+"""Render docs/results/*.json into the Markdown tables between `<!-- results:NAME -->` and `<!-- /results -->`.
+
+    .venv/bin/python scripts/render_results.py [--check] [FILE.md ...]
+
+NAME is a results file's stem (docs/results/NAME.json), optionally with a view: `engine_bench/trace` renders
+engine_bench.json's trace-overhead table; `card` renders the shipped model's held-out figures from its
+checkpoints/default/card.json (which `python -m engine card` writes). Every block is replaced by what its file
+renders to: the table, then one line naming the machine, torch, threads, date, commit, load average and the
+command that wrote the file. Without
+files it updates docs/benchmarks.md, README.md and every docs/*.md holding a block; --check changes nothing and
+exits with 1 if a block differs from its file (the test suite runs the same comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.bench.results_file import load  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+CARD = ROOT / "checkpoints" / "default" / "card.json"   # `python -m engine card` writes it; the block `card` reads it
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w/-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def table(head: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table; every cell already a string."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
+def spread(s: dict, digits: int = 1, unit: str = "") -> str:
+    """median [min–max] of a spread dict (the median alone where there was one value)."""
+    if s["min"] == s["max"]:
+        return f"{s['median']:,.{digits}f}{unit}"
+    return f"{s['median']:,.{digits}f}{unit} [{s['min']:,.{digits}f}–{s['max']:,.{digits}f}]"
+
+
+def provenance(r: dict) -> str:
+    """The line under every table: where, when, with what and under which load the file was measured."""
+    m, load_ = r["machine"], r["load_average"]
+    count = r["threads"]
+    threads = "" if count is None else f", {'/'.join(map(str, count)) if isinstance(count, list) else count} thread(s)"
+    return (f"*{m['cpu']}, {m['cores']} cores; torch {r['torch']}{threads}; {r['date']} at {r['commit']}; load "
+            f"average {load_['before'][0]:.2f} before, {load_['after'][0]:.2f} after; {r['wall_s']:,.0f} s: "
+            f"`{r['command']}`*")
+
+
+def engine_bench(r: dict, view: str) -> list[str]:
+    if view == "trace":
+        return table(["config", "phase", "untraced tokens/s", "traced tokens/s", "traced / untraced step time"],
+                     [[b["config"], phase, f"{b[f'{phase}_tokens_per_s']:,.1f}",
+                       f"{b[f'traced_{phase}_tokens_per_s']:,.1f}", f"×{b[f'trace_overhead_{phase}']:.2f}"]
+                      for b in r["rows"] for phase in ("prefill", "decode")])
+    return table(["config", "dtype", "batch", "prompt", "new tokens", "repeats", "prefill tokens/s",
+                  "decode tokens/s"],
+                 [[b["config"], b["dtype"], b["batch"], b["prompt_len"], b["new_tokens"], b["repeats"],
+                   f"{b['prefill_tokens_per_s']:,.1f}", f"{b['decode_tokens_per_s']:,.1f}"] for b in r["rows"]])
+
+
+def revision(r: dict, view: str) -> list[str]:
+    labels = r["settings"]["labels"]
+    if view == "trace_overhead":
+        def cell(s):
+            return "not reported" if s is None else f"×{s['median']:.2f} [×{s['min']:.2f}–×{s['max']:.2f}]"
+        return table(["config", "threads", f"{labels['rev']} trace overhead", f"{labels['tree']} trace overhead"],
+                     [[t["config"], t["threads"], cell(t["rev"]), cell(t["tree"])]
+                      for t in r["tables"]["trace_overhead"]])
+    rows = r["tables"]["bf16"] if view == "bf16" else r["rows"]
+    base, other = (r["settings"]["dtype"], "bfloat16") if view == "bf16" else (labels["rev"], labels["tree"])
+
+    def side(row, name):
+        return spread({stat: row[f"{name}_{stat}"] for stat in ("median", "min", "max")})
+    return table(["config", "threads", "phase", f"{base} tokens/s", f"{other} tokens/s", "ratio", "per-run ratios"],
+                 [[row["config"], row["threads"], row["phase"], side(row, "base"), side(row, "other"),
+                   f"{row['ratio']:.2f}", f"[{row['pair_ratio_min']:.2f}–{row['pair_ratio_max']:.2f}]"]
+                  for row in rows])
+
+
+def dspark(r: dict, view: str) -> list[str]:
+    def ratio(s):
+        return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+    keys = ("auto", "all", "auto_cpu", "all_cpu")
+    rows = [[row["prompt"], f"{row['plain_tokens_per_s']:.1f}", *(ratio(row[k]) for k in keys),
+             f"{row['accepted_length']['auto']:.2f} / {row['accepted_length']['all']:.2f}",
+             f"{row['auto_plain_steps']} of {row['auto_steps']}", row["identical"]] for row in r["rows"][:-1]]
+    rows.append([f"**{r['rows'][-1]['prompt']}**", "", *(f"**{ratio(r['rows'][-1][k])}**" for k in keys), "", "", ""])
+    return table(["prompt", "plain tokens/s", "auto / plain", "all / plain", "auto / plain, CPU time",
+                  "all / plain, CPU time", "accepted length auto / all", "auto's plain steps", "identical"], rows)
+
+
+def sampling(r: dict, view: str) -> list[str]:
+    return table(["vocabulary", "torch.multinomial µs", "sample_index µs", "sample_index / torch.multinomial"],
+                 [[f"{row['vocabulary']:,}", spread(row["multinomial_us"]), spread(row["sample_index_us"]),
+                   f"×{row['ratio']:.3f}"] for row in r["rows"]])
+
+
+def first_view(r: dict, view: str) -> list[str]:
+    return table(["measure", "seconds: median [min–max]", "count"],
+                 [[row["measure"], spread(row["seconds"], 2), row["n"]] for row in r["rows"]])
+
+
+def cpu_bf16(r: dict, view: str) -> list[str]:
+    ways = list(r["rows"][0]["ways"])
+    return table(["weight", "rows", *(f"{w} µs (× fp32)" for w in ways), "engine's way"],
+                 [[row["weight"], row["rows"], *(f"{spread(row['ways'][w])} ×{row['ways'][w]['ratio']:.2f}"
+                                                 for w in ways), row["engine"]] for row in r["rows"]])
+
+
+def decoding_sweep(r: dict, view: str) -> list[str]:
+    def known(q):
+        return "" if q["known_word_share"] is None else f"{100 * q['known_word_share']:.1f}%"
+    return table(["repetition penalty", "no-repeat n-gram", "prompts", "whitespace tokens", "longest whitespace run",
+                  "repeated 4-grams", "words (fewest in one)", "known words", "seconds"],
+                 [[q["repetition_penalty"], q["no_repeat_ngram"], q["prompts"], f"{100 * q['whitespace_share']:.1f}%",
+                   q["longest_whitespace_run_tokens"], f"{100 * q['repeated_ngram_share']:.1f}%",
+                   f"{q['words']} ({q['fewest_words']})", known(q),
+                   f"{q['seconds']:.0f}" if "seconds" in q else ""] for q in r["rows"]])
+
+
+def vocab_sizes(r: dict, view: str) -> list[str]:
+    return table(["min count", "vocabulary", "training tokens", "held-out tokens", "held-out bytes per token",
+                  f"bits per byte at perplexity {r['settings']['perplexity']:g}"],
+                 [[row["min_count"], f"{row['vocabulary']:,}", f"{row['training_tokens']:,}",
+                   f"{row['heldout_tokens']:,}", f"{row['heldout_bytes_per_token']:.3f}", f"{row['bits_per_byte']:.3f}"]
+                  for row in r["rows"]])
+
+
+def decode_ops(r: dict, view: str) -> list[str]:
+    dtypes = r["settings"]["dtypes"]
+    return table(["aten op", *(f"{d} {what}" for d in dtypes for what in ("calls", "self µs"))],
+                 [[row["op"], *(f"{row[d][what]:,.0f}" for d in dtypes for what in ("calls", "self_us"))]
+                  for row in r["rows"]])
+
+
+def parallel(r: dict, view: str) -> list[str]:
+    if view == "volume":
+        return ["```", *r["notes"], "```"]
+    return table(["ranks", "decode tokens/s: median [min–max]", "× 1 rank"],
+                 [[row["ranks"], spread(row["decode_tokens_per_s"]), f"×{row['ratio']:.2f}"] for row in r["rows"]])
+
+
+def card(c: dict) -> list[str]:
+    """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
+    h, m = c["heldout"], c["measured"]
+    body = table(["parameters", "held-out windows × tokens", "loss (nats/token)", "perplexity", "bits per byte",
+                  "unigram perplexity"],
+                 [[f"{c['model']['total_params']:,}", f"{h['windows']:,} × {h['seq']} ({h['tokens']:,} predicted)",
+                   f"{h['loss']:.3f}", f"{h['perplexity']:.1f}", f"{h['bits_per_byte']:.3f}",
+                   f"{h['unigram_perplexity']:.1f}"]])
+    return [*body, "", f"*{m['machine']}; torch {m['torch']}, {m['threads']} thread(s); {m['date']}: "
+                       f"`python -m engine card {c['checkpoint']}` ({c['checkpoint']}/card.json)*"]
+
+
+RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
+             "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
+             "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel}
+
+
+def render(name: str, results_dir: Path = RESULTS) -> str:
+    """The block's body for NAME ("stem" or "stem/view"): the table, a blank line, the provenance line."""
+    stem, _, view = name.partition("/")
+    if stem == "card":
+        return "\n".join(card(json.loads(CARD.read_text(encoding="utf-8")))) + "\n"
+    path = results_dir / f"{stem}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"the block '{name}' has no results file {path}: run its command with --results")
+    results = load(path)
+    return "\n".join([*RENDERERS[results["kind"]](results, view), "", provenance(results)]) + "\n"
+
+
+def blocks(text: str) -> list[str]:
+    """The NAMEs of the results blocks in a Markdown text, in order."""
+    return [m["name"] for m in BLOCK.finditer(text)]
+
+
+def rendered(text: str, results_dir: Path = RESULTS) -> str:
+    """text with every results block replaced by what its file renders to."""
+    return BLOCK.sub(lambda m: m[1] + render(m["name"], results_dir) + m[4], text)
+
+
+def documents() -> list[Path]:
+    """The Markdown files that may hold results blocks."""
+    return [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if p.is_file()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md and docs/*.md)")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs from its file")
+    args = p.parse_args(argv)
+    stale = []
+    for path in args.files or documents():
+        text = path.read_text(encoding="utf-8")
+        new = rendered(text)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    verb = "differ from their results files" if args.check else "re-rendered"
+    print(f"{verb}: {', '.join(map(str, stale))}" if stale else "every results block matches its file")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
