@@ -8,9 +8,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.browser_helpers import FINISHED, STOPPED_BY_USER, open_inspect, settled
+
+pytestmark = pytest.mark.slow  # browser tests [~4 min under load]
 
 PANELS = ("Experts", "mHC", "Engram", "DSpark", "Attention")
 DEFAULT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"    # the model the page opens with

@@ -9,11 +9,15 @@ import re
 import time
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 from playwright.sync_api import expect
 
 from engine.spec.interventions import Intervention
 from engine.trace import load_trace
 from tests.browser_helpers import FINISHED, open_inspect, pick, settled
+
+# browser tests of Inspect's What if: an expert banned, reruns checked against traces, one stopped [86-98 s]
+pytestmark = pytest.mark.slow
 
 LAYER, POS, NEW = 5, 4, 24     # the Experts panel at layers.5.ffn and the prompt's 'O' (BOS RO M E O :)
 RERUN_DONE = re.compile(r"rerun status: (stopped at max new tokens|reached end of text)")
