@@ -5,8 +5,8 @@ each), must finish in under 3 minutes on a 2-core machine. The slow one, in one 
 where it is written (`pytestmark = pytest.mark.slow` in a module, `@pytest.mark.slow` on a test, each with why and
 its measured seconds); with it the whole `.ci/run` stays under 25 minutes. A test that takes more than a few seconds
 of the fast stage is made cheaper, or marked slow saying why. Fast tests run beside each other in two processes:
-what a test writes goes under tmp_path (the engine's own caches, .cache/ and torch's extension cache, are written
-atomically or under a lock), and what it changes in the environment, through monkeypatch.
+what a test writes goes under tmp_path (of the engine's own caches, the Engram map in .cache/ is written atomically,
+torch's extension cache under its lock), and what it changes in the environment, through monkeypatch.
 """
 from __future__ import annotations
 
