@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 TIMEOUT = 180
@@ -133,6 +134,7 @@ def test_inspect_sidebar_shows_the_model_to_run_not_the_diagram_config():
     assert "inspect_model" in keys and "config_widget" not in keys
 
 
+@pytest.mark.slow  # quantizes the shipped model, then loads and generates from it in the page [10 s]
 def test_an_official_fp8_folder_is_picked_and_generates(tmp_path, monkeypatch):
     """The shipped model converted by `engine quantize` (FP8 / MXFP4 shards), offered by the picker and run."""
     from engine.checkpoint.official_writer import write_official

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.bounded import run_python
+
+# builds three pages under AppTest in a fresh process to watch sys.modules [6 s idle, 13 s loaded]
+pytestmark = pytest.mark.slow
 
 CHILD = r"""
 import json, sys

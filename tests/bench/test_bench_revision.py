@@ -10,6 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tests.script_helpers import ROOT, script_runner
 
 SCRIPT = ROOT / "scripts" / "bench_revision.py"
@@ -34,6 +36,8 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+# a git worktree of HEAD; `engine bench` and `bench --help` twice, fresh processes importing torch [12-25 s]
+@pytest.mark.slow
 def test_head_against_the_working_tree_prints_a_table(tmp_path):
     before = worktrees()
     out = tmp_path / "runs.json"

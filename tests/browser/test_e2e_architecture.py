@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.browser_helpers import open_architecture
 from v41viz.arch.source import engine_source
+
+pytestmark = pytest.mark.slow  # browser tests [52 s]
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = "/architecture?config=deepseek-v4.1-flash&node=layers.14.engram&expand=layers.3-7"

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.browser_helpers import WAIT_PAGE, open_architecture
+
+pytestmark = pytest.mark.slow  # browser tests of user actions on Architecture and the sidebar [~110 s]
 
 WAIT_RERUN = 30_000  # one rerun on the loaded 2-core machine
 

@@ -6,7 +6,12 @@ import re
 import shutil
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from tests.browser_helpers import WAIT_PAGE, open_architecture
+
+# the diagram's zoom, fit, search, opened steps and export in a browser [28 s at load average 5]
+pytestmark = pytest.mark.slow
 
 WAIT_RERUN = 30_000
 SVG = "{http://www.w3.org/2000/svg}"

@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.browser_helpers import WAIT_PAGE, settled
+
+# browser tests of Compare's Runs tab: two tiny models run, downloaded, uploaded, handed to Inspect [33-55 s]
+pytestmark = pytest.mark.slow
 
 SHOT = "/tmp/compare_runs.png"
 

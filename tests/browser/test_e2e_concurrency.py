@@ -8,6 +8,9 @@ import pytest
 
 from tests.browser_helpers import settled
 
+# four browser sessions generating at once on Inspect, against serial engine runs [65 s at load average 5, 150 s at 8]
+pytestmark = pytest.mark.slow
+
 DEFAULT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"   # the model the page opens with
 PROMPTS = ("ROMEO:", "JULIET: O", "To be, or not", "The king is")
 MAX_NEW = 12

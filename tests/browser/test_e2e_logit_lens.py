@@ -7,12 +7,16 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
 from playwright.sync_api import expect
 
 from engine.trace import Trace, load_trace
 from tests.browser_helpers import FINISHED, open_inspect, settled
 from v41viz.inspect.tokens import probability_text, visible
 from v41viz.inspect.trace_model import shown_text, text_lookup
+
+# the logit-lens panel in a browser against the downloaded trace, and the trace replayed [27-47 s]
+pytestmark = pytest.mark.slow
 
 CHARTS = ("Logit lens at", "Residual-stream RMS per layer", "Probability each layer gives the token that came next",
           "Log-probability of each token under the model")

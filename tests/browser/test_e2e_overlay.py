@@ -8,10 +8,14 @@ import re
 import shutil
 
 import numpy as np
+import pytest
 from playwright.sync_api import expect
 
 from engine.trace import load_trace
 from tests.browser_helpers import FINISHED, WAIT_PAGE, open_inspect, pick, settled
+
+# live data painted on the diagram in a browser: a run, a token, a loaded trace, a run diff [51 s]
+pytestmark = pytest.mark.slow
 
 LAYER = 5          # a layer of the default model whose MoE box the test follows to Inspect and back
 WAIT_RERUN = 60_000

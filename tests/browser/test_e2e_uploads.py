@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import expect
 
 from tests.browser_helpers import WAIT_PAGE, open_architecture
+
+# hostile config uploads through the browser, with the server's memory watched [30 s at load average 5, 150 s at 12]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 V41 = json.loads((ROOT / "configs" / "deepseek-v4.1-flash.json").read_text())

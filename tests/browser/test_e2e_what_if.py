@@ -9,11 +9,15 @@ import re
 import time
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 from playwright.sync_api import expect
 
 from engine.spec.interventions import Intervention
 from engine.trace import load_trace
 from tests.browser_helpers import FINISHED, open_inspect, pick, settled
+
+# browser tests of Inspect's What if: an expert banned, reruns checked against traces, one stopped [86-98 s]
+pytestmark = pytest.mark.slow
 
 LAYER, POS, NEW = 5, 4, 24     # the Experts panel at layers.5.ffn and the prompt's 'O' (BOS RO M E O :)
 RERUN_DONE = re.compile(r"rerun status: (stopped at max new tokens|reached end of text)")
@@ -136,7 +140,7 @@ def test_stop_ends_a_rerun_within_seconds(server, browser):
     page = open_inspect(browser, base + "/inspect", height=1400)
     page.get_by_label("Prompt").fill("JULIET:")
     box = page.get_by_label("max new tokens")
-    box.fill("200")
+    box.fill("512")   # the most the page allows: the rerun's Stop lands mid-run on any machine
     box.press("Tab")
     page.locator(".st-key-inspect_attention label").click()     # attention off: a quicker baseline
     page.get_by_role("button", name="Generate").click()
@@ -151,7 +155,7 @@ def test_stop_ends_a_rerun_within_seconds(server, browser):
     expect(applied).to_contain_text(re.compile(r"rerun status: stopped by you after \d+ tokens?"), timeout=8_000)
     print(f"\nStop → rerun shown as stopped: {time.perf_counter() - t0:.2f} s")
     n = int(re.search(r"stopped by you after (\d+)", applied.inner_text()).group(1))
-    assert 0 <= n < 200
+    assert 0 <= n < 512
     settled(page)
     assert page.get_by_role("button", name="Stop", exact=True).count() == 0
     assert page.locator("[data-testid='stException']").count() == 0

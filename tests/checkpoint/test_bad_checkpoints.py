@@ -476,6 +476,7 @@ def test_cli_exits_2_naming_the_problem(ckpt, capsys, damage, fragment):
 
 # ---- memory bombs, in a child process under an address-space cap ------------------------------------------
 
+@pytest.mark.slow  # a capped fresh process [5 s]
 def test_huge_declared_header_is_refused_in_bounded_time_and_memory(ckpt):
     """An 8 GiB sparse weights file whose first 8 bytes claim an 8 GiB header: the CLI refuses it from those 8
     bytes (exit 2) without reading or allocating anything near that size."""

@@ -36,6 +36,7 @@ def reduced(tmp_path_factory):
     return ckpt, id_map, full_map
 
 
+@pytest.mark.slow  # tokenizer and model builds [4 s]
 def test_engine_round_trips_unknown_words_through_the_id_map(reduced):
     ckpt, id_map, full_map = reduced
     engine = Engine.load(checkpoint=ckpt)
@@ -81,6 +82,7 @@ def test_an_id_map_of_another_size_is_refused_naming_both(reduced, tmp_path):
         Engine.load(checkpoint=other)
 
 
+@pytest.mark.slow  # the CLI on a new checkpoint [5 s]
 def test_generate_command_on_a_reduced_checkpoint(reduced, tmp_path, capsys):
     ckpt, id_map, _ = reduced
     trace_file = tmp_path / "t.json"

@@ -27,6 +27,8 @@ from engine.quant.host_engram import HostEngramTable
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
 
+pytestmark = pytest.mark.slow  # writes, reads and breaks tiny official-format checkpoints, generates from them [15 s]
+
 SOURCE = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 SHARDS = 3
 

@@ -7,6 +7,8 @@ from engine.dspark.verify import Verdict
 from engine.generation import DSparkConfig, generate_speculative
 from tests.model_helpers import tiny_model
 
+pytestmark = pytest.mark.slow  # a chi-square test over 1000 sampled rows, and its power check [14 s]
+
 V = 16                   # a tiny vocabulary: exact marginals by enumeration, many samples per bin
 PROMPT = [0, 5, 7, 9]
 N = 1000                 # independent samples: one batch row per seed

@@ -1,11 +1,14 @@
 """At T > 0, a run whose auto schedule mixes plain steps with drafting steps still emits tokens that follow the
 target's distribution (the chi-square test of test_dspark_distribution, α = 0.001)."""
+import pytest
 import torch
 
 from engine.dspark.fallback import PlainFallback
 from engine.dspark.schedule import ThroughputTable
 from engine.generation import DSparkConfig
 from tests.dspark.test_dspark_distribution import ALPHA, N, chi_square_p, emitted, exact, model  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow  # the same chi-square test with the auto schedule's plain steps [15 s]
 
 # a draft costs about ten plain steps at 1000 rows: each step's confidences decide between drafting and waiting
 COSTLY = ThroughputTable([1, 1000, 1500, 3000], [100.0, 90.0, 50.0, 20.0], draft_rows=[1, 1000],

@@ -1,6 +1,7 @@
 """Lossless verification: greedy reduces to argmax matching; sampling preserves the target distribution."""
 import math
 
+import pytest
 import torch
 
 from engine.dspark.verify import distribution, verify
@@ -34,6 +35,7 @@ def chi2_critical(df: int, z: float = 3.0902) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+@pytest.mark.slow  # thousands of sampled verifications [6 s]
 def test_sampling_preserves_target_distribution():
     """Emit two tokens by draft+verify steps; their joint law must be p0 ⊗ p1 (chi-square, alpha = 0.001)."""
     g = torch.Generator().manual_seed(1234)

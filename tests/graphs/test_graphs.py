@@ -43,6 +43,7 @@ def _states_close(a: dict, b: dict, tol: float) -> float:
     return worst
 
 
+@pytest.mark.slow  # 24+ decode steps, twice [12 s]
 @pytest.mark.parametrize("bucket_rows", [None, 8])
 def test_static_body_decodes_like_eager_step_by_step(bucket_rows):
     """≥ 24 steps crossing compression groups and the window ring's wrap; padded buckets; an idle row
@@ -206,6 +207,7 @@ def test_trace_after_eager_replay_equals_the_eager_trace():
     assert short and min(t.shape[-1] for t in short) < model.args.index_topk  # the trimmed widths were exercised
 
 
+@pytest.mark.slow  # many verify blocks, graphed and eager [6 s]
 def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
     """The DSpark verify shape: anchor + γ drafts per row in one fixed-width step (logits "all", taps), then
     each row rolled back to a random accepted prefix — 8 rounds, rows at different positions, a padded bucket."""
@@ -242,6 +244,7 @@ def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
     check_capture_safe(model.args, batch=2, n_tokens=S, logits="all", taps=True)
 
 
+@pytest.mark.slow  # generation twice [5 s]
 def test_generate_with_graphs_matches_plain_generate():
     model = tiny_model()
     prompts = [[0, 5, 9, 200], [0, 7], [0, 1000, 3, 4, 5, 6]]
@@ -352,6 +355,7 @@ def _step_facts(steps):
              s.next_kind) for s in steps]
 
 
+@pytest.mark.slow  # four speculative runs, twice each [9 s]
 @pytest.mark.parametrize("schedule", ["all", "threshold"])
 @pytest.mark.parametrize("n_rows", [1, 3])
 def test_greedy_dspark_with_graphs_equals_eager(spec_model, schedule, n_rows):
@@ -454,6 +458,7 @@ def test_a_compiled_drafters_first_draft_is_set_apart_only_when_dynamo_compiles(
     assert built == [True, True, False, False, True, False]
 
 
+@pytest.mark.slow  # torch.compile of the verify and draft bodies [~3-4 min cold]
 def test_compiled_dspark_equals_eager_without_graph_breaks(spec_model):
     """generate_speculative(compiled=True): the verify blocks and the drafts through torch.compile decide every step
     as the eager run does (float64: no rounding can tie two logits), and dynamo traces both bodies whole — a graph
@@ -477,6 +482,7 @@ def test_compiled_dspark_equals_eager_without_graph_breaks(spec_model):
     assert 0 < m.accepted < m.scheduled                                     # both verdicts occurred
 
 
+@pytest.mark.slow  # traced DSpark runs twice, two cases [5 + 3 s]
 @pytest.mark.parametrize("max_tokens, prompts", [(None, [[0, 10], [0, 7, 21]]), (40, SPEC_PROMPTS)],
                          ids=["short-prompts", "budget"])
 def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
@@ -503,6 +509,7 @@ def test_dspark_trace_with_graphs_equals_eager(spec_model, max_tokens, prompts):
         assert all(np.array_equal(x.top_ids, y.top_ids) for x, y in zip(a, b))
 
 
+@pytest.mark.slow  # the same up to max_seq_len [7 s]
 def test_dspark_with_graphs_at_the_model_and_cache_end(spec_model, monkeypatch):
     """Rows that run into the model's max_seq_len end as in the eager run; and a cache without the spare
     positions leaves the last steps too little room for a full graphed block: they run eagerly, same tokens."""
@@ -592,6 +599,7 @@ def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n
                     np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow  # DSpark through graphed bodies [11 s]
 def test_dspark_with_graphs_drafts_through_the_graphed_drafter(spec_model):
     """Every speculative step's draft goes through the GraphedDrafter, greedy and sampled, same tokens and steps."""
     for kw in ({}, {"temperature": 1.0, "seed": 5}):

@@ -36,6 +36,7 @@ def test_compile_check_refuses_the_interpreter():
     assert run.returncode == 2 and "unset TRITON_INTERPRET" in run.stderr
 
 
+@pytest.mark.slow  # imports every Triton kernel module natively in a fresh process [10 s]
 def test_natively_imported_kernels_refuse_cpu_tensors_clearly():
     """Kernels imported without TRITON_INTERPRET cannot run on CPU tensors; the launcher says why."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -21,6 +21,7 @@ def _pair(**options):
     return ref, fast
 
 
+@pytest.mark.slow  # Triton interpreter [6 s]
 @pytest.mark.parametrize("mode", MODES)
 def test_kernel_engine_matches_reference_prefill_and_decode(mode):
     ref, fast = _pair()
@@ -87,6 +88,7 @@ def test_errors_name_the_problem(monkeypatch):
         apply_kernels(tiny_model(dtype=torch.float32, **SMALL), "triton")
 
 
+@pytest.mark.slow  # a drafter in the Triton interpreter [7 s]
 @pytest.mark.parametrize("mode", MODES)
 def test_kernel_drafter_matches_reference(mode):
     """DSpark draft stages (KernelDraftStage) give the same drafts and confidence logits."""
@@ -114,6 +116,7 @@ def test_kernel_drafter_matches_reference(mode):
         assert_equal(a["ids"], b["ids"], f"{a['path']} drafter expert ids")
 
 
+@pytest.mark.slow  # the same [6 s]
 @pytest.mark.parametrize("mode", MODES)
 def test_cli_generate_with_triton_kernels_prints_the_reference_text(mode, capsys):
     from engine.cli import main as cli_main

@@ -13,6 +13,8 @@ from engine.speedups import active_backend, apply_kernels, remove_kernels
 from engine.speedups.kernel_quant import KernelFP4Linear, KernelFP8Linear
 from tests.kernel_helpers import DEVICE, MODES, NATIVE, assert_equal, gen
 
+pytestmark = pytest.mark.slow  # FP8 / FP4 GEMMs in the Triton interpreter, many shapes [9 s]
+
 ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]   # the dots multiply FP8, so bf16 is fine interpreted
 MAGNITUDES = [1e-3, 1.0, 1e2]              # times per-block gains of 0.01..10: values over 1e-5..1e3
 # Tolerance, stated: the kernel's products of FP8 codes are exact and the scales are powers of two, so the only

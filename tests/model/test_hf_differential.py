@@ -32,6 +32,9 @@ from engine.speedups import prepare_for_inference
 from tests.hf_helpers import hf_logits, hf_twin
 from tests.model_helpers import random_tokens
 
+# imports transformers [5-10 s]; four V4 configs through it and the engine, two save_pretrained folders [~25 s]
+pytestmark = pytest.mark.slow
+
 REL_TOL, COS_TOL = 1e-5, 1e-9
 EXACT = EngineOptions(quant_sim=False, act_quant=False)   # transformers simulates no FP8/FP4 rounding
 BASE = dict(model_type="deepseek_v4", vocab_size=512, dim=64, moe_inter_dim=32, n_mtp_layers=0, n_heads=4,

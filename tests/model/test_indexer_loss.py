@@ -71,6 +71,7 @@ def test_lm_loss_alone_gives_the_indexer_no_gradient(train_model):
     assert float(model.layers[2].attn.wq_a.weight.grad.abs().sum()) > 0   # while the attention does learn
 
 
+@pytest.mark.slow  # training steps with the KL collector [13 s]
 def test_training_steps_reduce_the_indexer_kl(tmp_path):
     args = tiny_args(vocab_size=512, dspark_noise_token_id=500)
     rng = np.random.default_rng(0)

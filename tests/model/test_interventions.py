@@ -300,6 +300,7 @@ def test_the_prepared_model_agrees_with_the_reference(pairs, config, items):
         torch.testing.assert_close(a["comb"], b["comb"], atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow  # a whole tiny model in the Triton interpreter, twice a forward [10 s at load average ~4]
 def test_triton_kernels_apply_interventions_as_the_reference():
     helpers = pytest.importorskip("tests.kernel_helpers")   # the interpreter on a CPU, natively on CUDA
     from engine.speedups import apply_kernels

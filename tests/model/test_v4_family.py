@@ -137,6 +137,7 @@ def test_rollback_then_redecode_equals_never_having_decoded(model, prefix):
     assert all(torch.equal(state[k], want[k]) for k in want)
 
 
+@pytest.mark.slow  # speculative and plain V4 runs [5 s]
 def test_dspark_greedy_equals_plain_greedy():
     m = v4_model(dtype=torch.float32, vocab_size=64, dspark_noise_token_id=63, compress_ratios=SHORT_HCA)
     prompts = [[0, 5, 7, 9, 11], [0, 10, 20], [0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
@@ -148,6 +149,8 @@ def test_dspark_greedy_equals_plain_greedy():
     assert spec.metrics.drafted > 0 and spec.metrics.target_forwards < 16
 
 
+# plain and DSpark decoding through the static (CUDA-graph) bodies, both capture-safety checks [~6 s]
+@pytest.mark.slow
 def test_static_decode_and_draft_bodies_decode_like_eager():
     """The CUDA-graph bodies (static shapes, no host reads; run eagerly on the CPU) give the eager tokens for V4,
     and neither body reads a value back to the host (the meta-device check)."""
@@ -178,6 +181,8 @@ def test_project_checkpoint_round_trip(model, tmp_path):
         assert torch.equal(loaded(tokens).logits, model(tokens).logits)
 
 
+# writes, reads and runs two tiny V4 official-format checkpoints, quantized and dequantized [~4 s each]
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["dspark", "plain-mtp"])
 def test_official_layout(drafter, tmp_path):
     """engine quantize's official layout of a V4-DSpark model (FP8 128×128 blocks, MXFP4 experts, BF16 compressors,

@@ -126,6 +126,7 @@ def test_a_shard_holds_exactly_its_parts_of_the_full_model():
     assert {n for n in held if "experts.5." in n or n.endswith("attn.wo_b.weight")}.isdisjoint(replicated)
 
 
+@pytest.mark.slow  # the first meta-device build imports torch._refs [5-12 s at load average 9]
 def test_a_shard_reads_its_slices_of_a_checkpoint(tmp_path):
     a, model = tiny_args(), tiny_model(torch.float32)
     save_checkpoint(model, tmp_path / "ckpt")
@@ -170,6 +171,7 @@ def test_two_ranks_compute_what_one_process_does():
     assert_close(want, results[0], 1e-4, "2 ranks, fp32")
 
 
+@pytest.mark.slow  # greedy, DSpark and sampled generation on 2 rank threads and in one process [16 s at load average 9]
 def test_two_ranks_generate_the_tokens_of_one_process():
     """Greedy, DSpark greedy (drafter sharded, rings and caches rolled back on every rank) and seeded sampling."""
     model = tiny_model(torch.float32)
@@ -236,6 +238,7 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow  # torchrun, 2 ranks, and the CLI in process [34 s at load average 9]
 def test_torchrun_generate_prints_the_single_process_text(tmp_path, capsys):
     from engine.cli import main
     argv = ["generate", "--config", "tiny-v4.1", "--random-init", "--prompt", "hi", "--max-new-tokens", "16"]
@@ -247,6 +250,7 @@ def test_torchrun_generate_prints_the_single_process_text(tmp_path, capsys):
     assert errs[0].count("split over 2 ranks") == 1 and errs[1] == ""       # rank 1 prints nothing
 
 
+@pytest.mark.slow  # torchrun, 2 ranks [29 s at load average 9]
 def test_torchrun_bench_reports_once(tmp_path):
     run, errs = torchrun(2, ["-m", "engine", "bench", "--config", "tiny-v4.1", "--prompt-len", "4", "--new-tokens",
                              "3", "--repeats", "1", "--json"], tmp_path)
@@ -255,6 +259,7 @@ def test_torchrun_bench_reports_once(tmp_path):
     assert errs[1] == ""
 
 
+@pytest.mark.slow  # torchrun, 4 ranks, and the same cases in one process [59 s at load average 9]
 def test_four_ranks_in_float64_compute_what_one_process_does(tmp_path):
     """Heads, groups, experts and the vocabulary split four ways (o_groups 4), launched by torchrun."""
     a = tiny_args(o_groups=4)
@@ -270,6 +275,7 @@ def test_four_ranks_in_float64_compute_what_one_process_does(tmp_path):
     assert_close({**forward_cases(model), **generation_cases(model)}, results[0], 1e-9, "4 ranks, float64")
 
 
+@pytest.mark.slow  # torchrun, 2 ranks, twice (one waits out a 3 s timeout) [2 x 21 s at load average 9]
 @pytest.mark.parametrize("failure", ["raise", "hang"])
 def test_torchrun_ends_every_rank_when_one_fails_or_hangs(tmp_path, failure):
     """Rank 1 raises, or stops answering, before its first collective: rank 0's collective fails (the peer is

@@ -52,6 +52,7 @@ def generate_both(engine, remote_or_engine, **kw):
     return out, trace, "".join(pieces)
 
 
+@pytest.mark.slow  # an engine service in a thread, and the same DSpark run in process [6 s at load average 9]
 def test_remote_engine_gives_what_the_engine_gives():
     torch.set_num_threads(1)
     engine = Engine.load("tiny-v4.1")
@@ -100,6 +101,7 @@ def test_remote_engine_names_a_missing_service():
         RemoteEngine(f"127.0.0.1:{free_port()}")
 
 
+@pytest.mark.slow  # a 2-rank engine service under torchrun, and the same generation in process [37 s at load average 9]
 def test_a_two_rank_service_serves_the_single_process_text_and_trace():
     """The documented attachment: `torchrun --nproc-per-node 2 -m engine.serving …`, then RemoteEngine (the app)."""
     port = free_port()

@@ -119,6 +119,7 @@ for name in names:
 """
 
 
+@pytest.mark.slow  # fresh processes with a module blocked [6 s + 2 s]
 @pytest.mark.parametrize("layer, forbidden", [("engine.spec", "torch"), ("engine.accounting", "torch"),
                                               ("engine.plan", "torch"), ("engine.text", "torch"),
                                               ("v41viz.arch", "streamlit"), ("v41viz.inspect", "streamlit")])

@@ -91,6 +91,7 @@ def test_a_bf16_config_is_refused():
         quantize_model(Transformer(tiny_args(), dtype=torch.bfloat16, device="meta"))
 
 
+@pytest.mark.slow  # two dtypes [5 + 2 s]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logits_match_the_dequantized_run_with_activation_quantization(dtype, bf16_models):
     """Prefill, then cached decode steps. Both models multiply the same values: an FP8 / E2M1 code times a
@@ -189,6 +190,7 @@ def test_to_moves_the_storage_but_never_casts_it():
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
+@pytest.mark.slow  # four generations [11 s]
 def test_plain_and_dspark_generation_follow_the_dequantized_run():
     """Greedy decoding through the Engine, plain and speculative (the drafter's FP8 main_proj and FP4 experts
     included), gives the dequantized reference's tokens."""

@@ -216,6 +216,8 @@ BOMBS = {
 }
 
 
+# five fresh `python -m engine` processes under a memory cap, each importing torch [3-15 s each]
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BOMBS))
 def test_a_memory_bomb_config_is_refused_fast_and_small(case, tmp_path):
     """`info` for the config bombs; the Sinkhorn one through `generate`, where it used to hang."""
@@ -230,6 +232,7 @@ def test_a_memory_bomb_config_is_refused_fast_and_small(case, tmp_path):
     assert out.wall_s < BOMB_WALL_S and out.peak_rss_mib < BOMB_RSS_MIB, (out.wall_s, out.peak_rss_mib)
 
 
+@pytest.mark.slow  # the same, once [~3 s]
 def test_random_init_of_a_model_too_big_for_memory_is_refused_up_front():
     out = run_engine("generate", "--config", "deepseek-v4.1-flash", "--random-init", "--prompt", "hi",
                      timeout_s=60, memory_cap_mib=MEMORY_CAP_MIB)

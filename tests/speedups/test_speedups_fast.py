@@ -251,6 +251,7 @@ def test_compiled_bodies_are_per_model_and_dropped_when_a_class_changes():
     assert compiled_body(model) is fast
 
 
+@pytest.mark.slow  # torch.compile of a decode body (inductor, gcc) [~2-3 min cold; ~30 s with inductor's disk cache]
 def test_compiled_decode_equals_eager_decode():
     """GraphedDecoder(compile=True): the static decode body through torch.compile (inductor) gives the eager
     forward's logits up to fp32 rounding (fused kernels sum in other orders; the quant simulation can move a
@@ -275,6 +276,7 @@ def test_compiled_decode_equals_eager_decode():
     assert compiled_body(models[0]) is not compiled_body(models[1]) and counters["stats"]["unique_graphs"] == 2
 
 
+@pytest.mark.slow  # the same in bf16 [~2 min cold]
 def test_compiled_bf16_decode_traces_whole_and_follows_eager_decode():
     """In bf16, the released weights' dtype, the compiled decode body also traces whole. A graph break would leave
     compiled pieces whose guards skip the model's parameters (engine.graphs.compiled_body), and one piece shared

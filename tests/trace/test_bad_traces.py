@@ -499,6 +499,8 @@ def design_point_trace() -> Trace:
     return trace
 
 
+# a 2048-token default-small trace in three formats, the lens's 16 k read-outs resolved [24-70 s]
+@pytest.mark.slow
 def test_limits_admit_the_design_point(tmp_path):
     from engine.trace import limits
     trace = design_point_trace()

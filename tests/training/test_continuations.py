@@ -25,6 +25,8 @@ from engine.training.continuations import (
 from engine.training.train_drafter import DrafterTrainConfig, DrafterTrainer, drafter_loss
 from tests.model_helpers import tiny_model
 
+pytestmark = pytest.mark.slow  # greedy continuations of training prompts, and drafter training on them [25 s]
+
 V = 64
 CORPUS = np.random.default_rng(5).integers(3, V - 1, 600).astype(np.int32)   # model ids below the noise token
 

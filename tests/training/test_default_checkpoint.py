@@ -26,6 +26,9 @@ from engine.training.card_prompts import heldout_prompts
 from engine.training.corpus import TOKENS_NAME, load_tokens, sha256_file
 from engine.training.text_quality import words_of
 
+# re-measures the shipped model's card: held-out loss, DSpark on 8 prompts, 2 x 8 continuations [207 s]
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CKPT = ROOT / "checkpoints" / "default"
 DATA = ROOT / "data" / "shakespeare"   # written by `python -m engine prepare_data` (scripts/test.sh runs it)

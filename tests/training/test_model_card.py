@@ -23,6 +23,9 @@ from engine.training.card_prompts import heldout_prompts
 from engine.training.corpus import MANIFEST_NAME, TOKENS_NAME
 from tests.card_helpers import HELD, OPTS, SEQ, TRAIN
 
+# measures a card end to end on a tiny checkpoint and re-measures it [60 s at load average 5]
+pytestmark = pytest.mark.slow
+
 
 def test_heldout_loss_and_unigram_baseline_equal_direct_computations(card_inputs):
     ckpt, _, train, held, card = card_inputs

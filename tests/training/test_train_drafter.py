@@ -19,6 +19,8 @@ from engine.training.train_drafter import (
 )
 from tests.model_helpers import synthetic_token_map, tiny_args
 
+pytestmark = pytest.mark.slow  # trains and resumes a drafter [8 s]
+
 V = 64
 PATTERN = [5, 9, 17, 23, 31, 40, 12]
 STREAM = np.asarray(PATTERN * 60, dtype=np.int32)   # a repetitive toy sequence of model ids
