@@ -38,7 +38,7 @@ def check_finite(value: float, flag: str) -> float:
 
 
 def check_seed(seed: int, flag: str = "--seed") -> int:
-    from ..model.sampling import MAX_SEED
+    from ..request.sampling import MAX_SEED
     if not 0 <= seed <= MAX_SEED:
         raise InputError(f"{flag} must lie in 0..2**63-1 ({MAX_SEED}), got {seed}")
     return seed

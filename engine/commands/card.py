@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..model.sampling import check_repetition
+    from ..request.sampling import check_repetition
     from ..training.card import CardOptions, build_card
     from ..training.card_render import dspark_runs, readme_table
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..spec.errors import InputError
-from ..spec.interventions import check_interventions, parse_intervention
+from ..request.interventions import check_interventions, parse_intervention
 from ..text.prompt_text import check_prompt_text
 from .arg_checks import (
     check_at_least,
@@ -178,7 +178,7 @@ def generate_text(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every flag's value, before any work (the limits a config sets are checked once it is read)."""
-    from ..model.sampling import check_repetition, check_sampling
+    from ..request.sampling import check_repetition, check_sampling
     from ..trace import trace_format
 
     check_prompt_text(args.prompt, "--prompt")

@@ -17,7 +17,7 @@ def lines() -> list[str]:
     """One Markdown bullet per kind of input (the README's "Input limits" list is this output)."""
     from ..checkpoint.header import MAX_HEADER_BYTES
     from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
-    from ..model.sampling import MAX_SEED, MIN_TEMPERATURE
+    from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
     from ..spec import limits as config
     from ..text.prompt_text import MAX_TOKEN_CHARS
     from ..text.vocab import MAX_ID_MAP_BYTES

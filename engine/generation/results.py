@@ -10,13 +10,13 @@ from typing import Callable, Sequence
 import torch
 
 from ..model.interventions import Interventions
-from ..model.sampling import MAX_SEED
+from ..request.sampling import MAX_SEED
 from ..spec.errors import InputError
 from ..text.tokenizer import EOS_ID
 from ..trace import Trace
 
-__all__ = ["EOS_ID", "Emitter", "GenerationResult", "OnToken", "StepInfo", "check_max_new_tokens",
-           "check_prompts", "elapsed", "row_seeds"]
+__all__ = ["EOS_ID", "Emitter", "GenerationResult", "OnToken", "StepInfo", "check_prompts", "elapsed", "row_seeds",
+           "run_interventions"]
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,6 @@ class GenerationResult:
 
 
 OnToken = Callable[[int, int, StepInfo], None]
-
-
-def check_max_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise InputError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len: int) -> list[list[int]]:

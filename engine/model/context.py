@@ -27,7 +27,7 @@ class ForwardContext:
     candidates: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
     indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
-    interventions: Interventions = NONE        # what-if changes (engine.spec.interventions); NONE = the reference
+    interventions: Interventions = NONE        # what-if changes (engine.request.interventions); NONE = the reference
     # Static shapes (CUDA-graph decode, engine/graphs): rows and start live on the model's device, no layer
     # reads a value back to the host to size a tensor, and widths are the cache's full capacity (masked)
     # instead of the current position's. Off = the eager path, unchanged.

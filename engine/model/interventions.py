@@ -5,11 +5,11 @@ from collections.abc import Iterable
 
 import torch
 
-from ..spec.interventions import Intervention, check_interventions
+from ..request.interventions import Intervention, check_interventions
 
 
 class Interventions:
-    """Checked interventions (engine.spec.interventions) with the lookups the model's modules make. Each lookup
+    """Checked interventions (engine.request.interventions) with the lookups the model's modules make. Each lookup
     takes the call's absolute positions [B, S] and returns a bool mask [B, S] of where the change applies, or None
     when no intervention of that kind names this layer (the module then runs as the reference, untouched)."""
 

@@ -115,7 +115,7 @@ class Transformer(HCHead):
         a stateless forward from position 0. With bounded_replay and S > window, "all" logits and taps
         cover only the last window positions. indexer_loss: an IndexerLoss that collects the indexer's
         auxiliary loss (training; the outputs do not change). interventions: what-if changes (an Interventions,
-        or Intervention items / texts checked against the config; engine.spec.interventions), at absolute positions.
+        or Intervention items / texts checked against the config; engine.request.interventions), at absolute positions.
         """
         tokens = self.check_tokens(tokens)
         if logits not in ("last", "all"):

@@ -30,7 +30,7 @@ class Trace(FactRecorder):
 
     @property
     def interventions(self) -> list[str]:
-        """The run's interventions as canonical texts (engine.spec.interventions), as generation wrote them into
+        """The run's interventions as canonical texts (engine.request.interventions), as generation wrote them into
         meta["interventions"]; [] for a run without any, or a trace older than the key."""
         return [str(text) for text in self.meta.get("interventions") or ()]
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bench.cpu import machine_description
-from ..spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from ..request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from ..spec.errors import InputError, MissingFileError
 from .card_decoding import measure_dspark, measure_samples, measure_text_quality
 from .card_prompts import heldout_prompts

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..model.sampling import MAX_SEED, check_repetition, check_sampling
+from ..request.sampling import MAX_SEED, check_repetition, check_sampling
 from ..spec.errors import InputError, MissingFileError
 
 FILE_FORMAT = "v41viz-continuations/1"

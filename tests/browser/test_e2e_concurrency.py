@@ -23,7 +23,7 @@ def serial_outputs() -> dict[str, str]:
     import torch
 
     from engine.generation import Engine
-    from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+    from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
     from v41viz.ui.engine_session import TORCH_THREADS
     threads = torch.get_num_threads()
     torch.set_num_threads(TORCH_THREADS)

@@ -4,14 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.sampling import (
-    SamplingParams,
-    apply_history_rules,
-    filter_logits,
-    make_generators,
-    probabilities,
-    sample,
-)
+from engine.model.sampling import apply_history_rules, filter_logits, make_generators, probabilities, sample
+from engine.request import SamplingParams
 
 
 def kept(logits: torch.Tensor) -> set[int]:

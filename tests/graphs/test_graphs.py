@@ -434,7 +434,7 @@ def test_a_compiled_drafters_first_draft_is_set_apart_only_when_dynamo_compiles(
     from engine.graphs import compiled_body as compiled_module
     from engine.graphs import drafter as drafter_module
     from engine.graphs.draft_body import draft_body
-    from engine.model.sampling import SamplingParams
+    from engine.request.sampling import SamplingParams
     compiled = [0]
     monkeypatch.setattr(drafter_module, "compiled_draft_body", lambda model: draft_body)
     monkeypatch.setattr(compiled_module, "graphs_compiled", lambda: compiled[0])
@@ -545,7 +545,8 @@ def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n
     tokens, q, confidences, every generator's state and the mtp.* moe/mhc trace facts equal the eager drafter's."""
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams, make_generators
+    from engine.model.sampling import make_generators
+    from engine.request.sampling import SamplingParams
     model, gamma = spec_model, spec_model.args.dspark_block_size
     params = SamplingParams(temperature, top_k=40 if temperature else 0)
     rings_e, rings_g = _draft_state(model, n_rows, False), _draft_state(model, n_rows, True)
@@ -644,7 +645,7 @@ def test_meta_proxy_catches_a_host_sync_in_the_draft_body(body):
 
 def test_graphed_drafter_refuses_misuse_clearly(spec_model):
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams
+    from engine.request.sampling import SamplingParams
     rings = _draft_state(spec_model, 2, True)
     with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
         GraphedDrafter(spec_model, rings, capture=True)
@@ -665,7 +666,8 @@ def test_graphed_drafter_refuses_misuse_clearly(spec_model):
 def test_cuda_graph_capture_of_the_draft_step_matches_eager():
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams, make_generators
+    from engine.model.sampling import make_generators
+    from engine.request.sampling import SamplingParams
     torch.manual_seed(0)
     model = tiny_model(dtype=torch.float32, vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1).cuda()
     rings_e, rings_g = _draft_state(model, 3, False), _draft_state(model, 3, True)

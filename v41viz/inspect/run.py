@@ -9,10 +9,10 @@ from typing import Callable
 
 from engine.dspark.config import SCHEDULES, DSparkConfig
 from engine.dspark.profile import load_or_profile
-from engine.model.sampling import check_repetition, check_sampling
-from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from engine.request.sampling import check_repetition, check_sampling
+from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
+from engine.request.interventions import parse_intervention
 from engine.text.prompt_text import check_prompt_text
 from engine.trace import Trace, TraceBudget
 

@@ -3,7 +3,7 @@ trace may be old or hand-edited). Torch-free: pages that only show traces use it
 from __future__ import annotations
 
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
+from engine.request.interventions import parse_intervention
 
 
 def settings_of(meta: dict) -> dict[str, object]:

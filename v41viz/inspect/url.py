@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.dspark.config import SCHEDULES
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
+from engine.request.interventions import parse_intervention
 
 from .equivalent import NODE
 from .links import PANELS

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.dspark.config import SCHEDULES
-from engine.spec.interventions import KINDS, check_interventions, parse_intervention
+from engine.request.interventions import KINDS, check_interventions, parse_intervention
 from engine.trace import Trace
 
 from .panel_style import thinned_categories, titled
