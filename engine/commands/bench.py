@@ -12,7 +12,7 @@ HELP = "measure prefill and decode tokens/s and the trace overhead (random-init 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..dspark.config import SCHEDULES
+    from ..request.schedules import SCHEDULES
     parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=64)

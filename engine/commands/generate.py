@@ -5,8 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..spec.errors import InputError
+from ..request import GenerationRequest, SamplingParams
 from ..request.interventions import check_interventions, parse_intervention
+from ..spec.errors import InputError
 from ..text.prompt_text import check_prompt_text
 from .arg_checks import (
     check_at_least,
@@ -24,7 +25,7 @@ HELP = "generate text from a prompt (random-init or checkpoint weights), optiona
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..dspark.config import SCHEDULES
+    from ..request.schedules import SCHEDULES
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index; "
@@ -154,11 +155,11 @@ def generate_text(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               repetition_penalty=args.repetition_penalty, no_repeat_ngram=args.no_repeat_ngram,
-                               trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs,
-                               interventions=interventions, **({"compiled": True} if args.compile else {}))
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty,
+                              args.no_repeat_ngram, args.seed)
+    request = GenerationRequest(args.max_new_tokens, sampling, dspark=dspark, interventions=interventions,
+                                trace=trace, cuda_graphs=args.cuda_graphs, compiled=args.compile)
+    out = engine.generate_text(args.prompt, request, add_bos=not args.no_bos, on_text=show)
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "

@@ -13,14 +13,8 @@ from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_
 from v41viz.inspect.equivalent import missing_reason, nearest_equivalent
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
-from v41viz.inspect.run import (
-    GenSettings,
-    LiveRun,
-    generate_into,
-    new_trace,
-    prompt_problem,
-    status_sentence,
-)
+from v41viz.inspect.engine_run import generate_into
+from v41viz.inspect.run import GenSettings, LiveRun, new_trace, prompt_problem, status_sentence
 from v41viz.inspect.run_meta import settings_of
 from v41viz.inspect.tokens import alternatives, chosen_by, probability_text, token_detail_html, token_table, visible
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model

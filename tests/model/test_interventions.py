@@ -12,9 +12,9 @@ from engine.cli import main
 from engine.generation import DSparkConfig, Engine, generate, generate_speculative
 from engine.generation.results import run_interventions
 from engine.model import Transformer, init_weights
+from engine.request.interventions import KINDS, Intervention, check_interventions, parse_intervention
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
-from engine.request.interventions import KINDS, Intervention, check_interventions, parse_intervention
 from engine.speedups import apply_speedups
 from engine.trace import Trace, TraceBudget
 from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map
