@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.request import GenerationRequest
 from tests.browser_helpers import settled
 
 DEFAULT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"   # the model the page opens with
@@ -32,9 +33,9 @@ def serial_outputs() -> dict[str, str]:
         out = {}
         for prompt in PROMPTS:
             pieces: list[str] = []
-            engine.generate_text(prompt, max_new_tokens=MAX_NEW, temperature=0.0,
-                                 repetition_penalty=SUGGESTED_REPETITION_PENALTY,
-                                 no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM,
+            engine.generate_text(prompt,
+                                 GenerationRequest.of(MAX_NEW, temperature=0.0,
+                                                      repetition_penalty=SUGGESTED_REPETITION_PENALTY, no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM),
                                  on_text=lambda _row, piece: pieces.append(piece))
             out[prompt] = "".join(pieces)
         return out

@@ -8,6 +8,7 @@ import torch
 from engine.generation import generate
 from engine.graphs import CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe, decode_body
 from engine.model.context import ForwardContext
+from engine.request import GenerationRequest
 from engine.spec.config import load_config
 from engine.trace import FACT_KINDS, Trace, TraceBudget
 from tests.model_helpers import TINY, random_tokens, tiny_model
@@ -245,9 +246,9 @@ def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
 def test_generate_with_graphs_matches_plain_generate():
     model = tiny_model()
     prompts = [[0, 5, 9, 200], [0, 7], [0, 1000, 3, 4, 5, 6]]
-    plain = generate(model, prompts, max_new_tokens=12, stop_tokens=())
+    plain = generate(model, prompts, GenerationRequest.of(12, stop_tokens=()))
     trace = Trace(TraceBudget(max_tokens=None))
-    graphed = generate(model, prompts, max_new_tokens=12, stop_tokens=(), cuda_graphs=True, trace=trace)
+    graphed = generate(model, prompts, GenerationRequest.of(12, stop_tokens=(), cuda_graphs=True, trace=trace))
     assert graphed.tokens == plain.tokens and graphed.finish_reasons == plain.finish_reasons
     assert len(graphed.step_times) == 11
     assert trace.fact("moe", "layers.9.ffn", 2, len(prompts[2]) + 5) is not None
@@ -257,7 +258,7 @@ def test_engine_generates_text_with_graphs_and_dspark():
     """Engine.generate_text passes cuda_graphs through to DSpark decoding (it used to refuse the pair)."""
     from engine.generation import DSparkConfig, Engine
     engine = Engine.load("tiny-v4.1", seed=0)
-    runs = [engine.generate_text("hi", max_new_tokens=4, seed=0, dspark=DSparkConfig(), cuda_graphs=g)
+    runs = [engine.generate_text("hi", GenerationRequest.of(4, seed=0, dspark=DSparkConfig(), cuda_graphs=g))
             for g in (False, True)]
     assert runs[1].texts == runs[0].texts and runs[1].result.tokens == runs[0].result.tokens
     assert runs[0].result.graphed_forwards == 0 < runs[1].result.graphed_forwards == runs[1].result.target_forwards
@@ -343,7 +344,7 @@ def spec_model():
 def _speculate(model, prompts, graphs, **kw):
     from engine.generation.speculative import generate_speculative
     kw = {"max_new_tokens": 14, "seed": 0, "stop_tokens": (), **kw}
-    return generate_speculative(model, prompts, cuda_graphs=graphs, **kw)
+    return generate_speculative(model, prompts, GenerationRequest.of(cuda_graphs=graphs, **kw))
 
 
 def _step_facts(steps):

@@ -9,6 +9,7 @@ import torch
 import engine.model.lens_reads as lens_reads
 from engine.generation import DSparkConfig, Engine
 from engine.model.mhc import stochastic_error
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget
 
 torch.set_num_threads(1)   # small ops on the shared 2-core machine: one thread each (see tests/model_helpers.py)
@@ -114,7 +115,7 @@ def test_v4_streams_are_kept_for_the_lens_only_while_small(engines, monkeypatch)
             m.setattr(lens_reads.LensReads, "__init__", noting)
             for engine in (v4, v41):
                 trace = Trace(TraceBudget(lens=True))
-                engine.generate([PROMPT], max_new_tokens=3, trace=trace)
+                engine.generate([PROMPT], GenerationRequest.of(3, trace=trace))
                 if engine is v4:
                     v4_lens.append(trace.table("lens"))
         assert batched == want, limit
