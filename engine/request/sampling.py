@@ -55,7 +55,7 @@ def checked_seed(seed: object, name: str = "seed") -> int | tuple[int, ...] | No
         raise InputError(f"{name} must be an integer, a list of integers (one per prompt) or None, got {seed!r}")
     values = [seed] if isinstance(seed, numbers.Integral) else list(seed)
     out = []
-    for value in values:
+    for row, value in enumerate(values):
         if isinstance(value, bool):
             raise InputError(f"{name} must be an integer, got {value!r}")
         try:
@@ -63,7 +63,8 @@ def checked_seed(seed: object, name: str = "seed") -> int | tuple[int, ...] | No
         except TypeError:
             raise InputError(f"{name} must be an integer, got {value!r}") from None
         if not 0 <= number <= MAX_SEED:
-            raise InputError(f"{name} must lie in 0..2**63-1, got {number}")
+            raise InputError(f"generate: the {name} of row {row} is {number}, outside 0..2**63-1 (row i samples with "
+                             f"{name} + i)")
         out.append(number)
     return out[0] if isinstance(seed, numbers.Integral) else tuple(out)
 

@@ -188,9 +188,10 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it(engine, monkeypatch):
     ({"prompts": [list(range(10**6))]}, "prompt 0 has 1000000 tokens, more than the model's max_seq_len of 512"),
 ])
 def test_engine_api_refuses_bad_settings_naming_them(engine, kwargs, message):
-    kwargs = {"prompts": [[0, 5], [0, 6]], "max_new_tokens": 2, **kwargs}
+    settings = {"max_new_tokens": 2, **kwargs}
+    prompts = settings.pop("prompts", [[0, 5], [0, 6]])
     with pytest.raises(InputError) as e:
-        engine.generate(**kwargs)
+        engine.generate(prompts, GenerationRequest.of(**settings))
     assert message in str(e.value)
 
 

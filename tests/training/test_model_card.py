@@ -88,7 +88,7 @@ def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
         assert 0 < low <= high and d["repeats"] == OPTS.repeats
         assert len(r["per_prompt"]) == len(prompts)
         for run, row, p in zip(runs, r["per_prompt"], prompts):
-            plain = engine.generate([engine.encode(p)], **kw).tokens
+            plain = engine.generate([engine.encode(p)], request).tokens
             assert row["steps"] == len(run.steps)
             assert row["mean_accepted_length"] == pytest.approx(summarize(run.steps).mean_accepted_length)
             assert row["outputs_identical"] == (plain == run.tokens)
