@@ -86,3 +86,19 @@ def test_info_tokenizer_and_plan_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_limits_imports_no_torch():
+    """`python -m engine limits` reads every bound from torch-free modules: a fresh process prints them without
+    loading torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys, io, contextlib; from engine.cli import main\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out): assert main(['limits']) == 0\n"
+            "assert 'temperature 0 (greedy) or at least 0.0001' in out.getvalue(), out.getvalue()\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False", out.stderr

@@ -15,11 +15,12 @@ PACKAGES = ("engine", "v41viz")
 ENTRY_SCRIPTS = ("app.py", "pages/*.py")  # Streamlit's entry files: they import the packages, nothing imports them
 
 # Top-level names a layer may never import, not even inside a function: the app builds on the engine, never the
-# reverse; the spec and text layers run without torch; the diagram and the inspect panels run without Streamlit.
+# reverse; the spec, text and request layers run without torch; the diagram and the inspect panels run without Streamlit.
 FORBIDDEN = {
     "engine": {"v41viz", "streamlit", "plotly"},
     "engine.spec": {"torch"},
     "engine.text": {"torch"},
+    "engine.request": {"torch"},
     "v41viz.arch": {"streamlit"},
     "v41viz.inspect": {"streamlit"},
 }
@@ -216,7 +217,8 @@ for name in names:
 
 
 @pytest.mark.parametrize("layer, forbidden", [("engine.spec", "torch"), ("engine.text", "torch"),
-                                              ("v41viz.arch", "streamlit"), ("v41viz.inspect", "streamlit")])
+                                              ("engine.request", "torch"), ("v41viz.arch", "streamlit"),
+                                              ("v41viz.inspect", "streamlit")])
 def test_layer_loads_without(layer, forbidden):
     names = [m for m in MODULES if m == layer or m.startswith(layer + ".")]
     assert len(names) > 1, f"{layer} has no modules"
