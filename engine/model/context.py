@@ -1,13 +1,17 @@
 """ForwardContext: what one forward call shares across layers (positions, cache rows, published indices)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import torch
 
 from .cache import ModelCache
 from .interventions import NONE, Interventions
 from .options import EngineOptions
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -33,7 +37,7 @@ class ForwardContext:
     # instead of the current position's. Off = the eager path, unchanged.
     static: bool = False
 
-    def cached(self, key, make):
+    def cached(self, key: Hashable, make: Callable[[], T]) -> T:
         if key not in self.memo:
             self.memo[key] = make()
         return self.memo[key]
