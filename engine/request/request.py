@@ -18,6 +18,7 @@ GREEDY = SamplingParams()
 
 
 def check_max_new_tokens(max_new_tokens: object) -> None:
+    """InputError unless the token budget is a whole number >= 0."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise InputError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
 
@@ -49,7 +50,8 @@ class GenerationRequest:
         if isinstance(self.interventions, (str, Intervention)):
             raise InputError("generate: interventions must be a list of interventions, got a single one "
                              f"({self.interventions!r}); wrap it in a list")
-        object.__setattr__(self, "interventions", tuple(as_intervention(i) for i in self.interventions))
+        items = () if self.interventions is None else self.interventions
+        object.__setattr__(self, "interventions", tuple(as_intervention(i) for i in items))
         for name in ("cuda_graphs", "compiled"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"generate: {name} must be True or False, got {getattr(self, name)!r}")
@@ -81,6 +83,7 @@ class GenerationRequest:
 
 
 def _stop_tokens(tokens: object) -> tuple[int, ...]:
+    """The stop tokens as a tuple of ints; InputError for anything that is not a collection of token ids."""
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (Sequence, set, frozenset)):
         raise InputError(f"generate: stop_tokens must be a list of token ids, got {tokens!r}")
     out = []
