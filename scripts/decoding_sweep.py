@@ -5,7 +5,7 @@ of the card samples' fixed prompts ('ROMEO:', ...: where the shipped model's gre
     .venv/bin/python scripts/decoding_sweep.py [--checkpoint checkpoints/default] [--data data/shakespeare]
 
 Prints one row per setting (engine.training.text_quality: whitespace tokens, longest whitespace run, repeated
-4-grams, words, known-word share); engine.request.decoding' SUGGESTED_* constants record the choice made from it.
+4-grams, words, known-word share); engine.request.decoding's SUGGESTED_* constants record the choice made from it.
 """
 from __future__ import annotations
 
