@@ -341,10 +341,12 @@ def spec_model():
     return tiny_model(vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1)   # float64: exact comparisons
 
 
-def _speculate(model, prompts, graphs, **kw):
+def _speculate(model, prompts, graphs, verifier=None, **kw):
+    from engine.dspark.verify import verify
     from engine.generation.speculative import generate_speculative
     kw = {"max_new_tokens": 14, "seed": 0, "stop_tokens": (), **kw}
-    return generate_speculative(model, prompts, GenerationRequest.of(cuda_graphs=graphs, **kw))
+    return generate_speculative(model, prompts, GenerationRequest.of(cuda_graphs=graphs, **kw),
+                                verifier=verifier or verify)
 
 
 def _step_facts(steps):
