@@ -31,12 +31,11 @@ def serial_outputs() -> dict[str, str]:
     try:
         engine = Engine.load(checkpoint=DEFAULT)
         out = {}
+        request = GenerationRequest.of(MAX_NEW, temperature=0.0, repetition_penalty=SUGGESTED_REPETITION_PENALTY,
+                                       no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM)
         for prompt in PROMPTS:
             pieces: list[str] = []
-            engine.generate_text(prompt,
-                                 GenerationRequest.of(MAX_NEW, temperature=0.0,
-                                                      repetition_penalty=SUGGESTED_REPETITION_PENALTY, no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM),
-                                 on_text=lambda _row, piece: pieces.append(piece))
+            engine.generate_text(prompt, request, on_text=lambda _row, piece: pieces.append(piece))
             out[prompt] = "".join(pieces)
         return out
     finally:

@@ -15,7 +15,8 @@ PACKAGES = ("engine", "v41viz")
 ENTRY_SCRIPTS = ("app.py", "pages/*.py")  # Streamlit's entry files: they import the packages, nothing imports them
 
 # Top-level names a layer may never import, not even inside a function: the app builds on the engine, never the
-# reverse; the spec, text and request layers run without torch; the diagram and the inspect panels run without Streamlit.
+# reverse; the spec, text and request layers run without torch; the diagram and the inspect panels run without
+# Streamlit.
 FORBIDDEN = {
     "engine": {"v41viz", "streamlit", "plotly"},
     "engine.spec": {"torch"},
