@@ -83,9 +83,11 @@ def held_out_prompts(engine, data: Path, count: int) -> list[str]:
 
 def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False,
         sampling: dict | None = None, seed: int = 0) -> dict:
+    from engine.request import GenerationRequest
+    request = GenerationRequest.of(new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled, seed=seed,
+                                   **(sampling or {}))
     cpu = time.thread_time()
-    res = engine.generate([ids], max_new_tokens=new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled,
-                          seed=seed, **(sampling or {}))
+    res = engine.generate([ids], request)
     out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
     if mode != "plain":
         m = res.metrics

@@ -6,7 +6,7 @@ of the card samples' fixed prompts ('ROMEO:', ...: where the shipped model's gre
         [--results OUT]
 
 Prints one row per setting (engine.training.text_quality: whitespace tokens, longest whitespace run, repeated
-4-grams, words, known-word share); engine.spec.decoding_options' SUGGESTED_* constants record the choice made from it.
+4-grams, words, known-word share); engine.request.decoding's SUGGESTED_* constants record the choice made from it.
 """
 from __future__ import annotations
 

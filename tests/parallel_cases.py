@@ -6,6 +6,7 @@ import torch
 
 from engine.dspark.config import DSparkConfig
 from engine.generation import generate, generate_speculative
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget
 
 PROMPTS = [[0, 5, 9, 100, 7], [0, 17]]
@@ -52,7 +53,7 @@ def forward_cases(model) -> dict[str, torch.Tensor]:
 def generation_cases(model) -> dict[str, torch.Tensor]:
     """Name → tokens of greedy, DSpark-greedy (with its accepted counts: drafts, verification and rollback of the
     drafter rings and target caches) and sampled generation."""
-    spec = generate_speculative(model, PROMPTS, max_new_tokens=8, dspark=DSparkConfig())
-    return {"greedy": ragged(generate(model, PROMPTS, max_new_tokens=8).tokens),
+    spec = generate_speculative(model, PROMPTS, GenerationRequest.of(8, dspark=DSparkConfig()))
+    return {"greedy": ragged(generate(model, PROMPTS, GenerationRequest.greedy(8)).tokens),
             "dspark": ragged(spec.tokens), "dspark.accepted": torch.tensor([s.accepted for s in spec.steps]),
-            "sampled": ragged(generate(model, PROMPTS, max_new_tokens=6, temperature=0.9, seed=5).tokens)}
+            "sampled": ragged(generate(model, PROMPTS, GenerationRequest.of(6, temperature=0.9, seed=5)).tokens)}

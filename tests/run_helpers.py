@@ -1,7 +1,8 @@
 """A finished app run on an engine slot, as the Inspect and Compare pages make one (generate_into, no Streamlit)."""
 from __future__ import annotations
 
-from v41viz.inspect.run import GenSettings, LiveRun, generate_into, new_trace
+from v41viz.inspect.engine_run import generate_into
+from v41viz.inspect.run import GenSettings, LiveRun, new_trace
 
 
 def traced_run(slot, prompt: str, max_new_tokens: int, **settings):

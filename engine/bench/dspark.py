@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from ..generation import DSparkConfig, Engine
+from ..request import GenerationRequest
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
 from .cpu import bench_model
@@ -54,14 +55,15 @@ def run_dspark_bench(args: ModelArgs, *, schedule: str = "all", batch: int = 1, 
     cfg = DSparkConfig.from_settings(schedule, model=model)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, args.vocab_size, (batch, prompt_len), generator=g).tolist()
-    kw = dict(max_new_tokens=new_tokens, seed=seed, stop_tokens=())
-    engine.generate(prompts, **{**kw, "max_new_tokens": 2})  # warm-up
+    plain = GenerationRequest.of(new_tokens, seed=seed, stop_tokens=())
+    requests = {False: plain, True: replace(plain, dspark=cfg)}
+    engine.generate(prompts, replace(plain, max_new_tokens=2))  # warm-up
     off, on, ratios, results, equal = [], [], [], [], True
     for rep in range(repeats):
         order = (False, True) if rep % 2 == 0 else (True, False)  # a busy machine slows both alike
         runs = {}
         for spec in order:
-            runs[spec] = engine.generate(prompts, dspark=cfg if spec else None, **kw)
+            runs[spec] = engine.generate(prompts, requests[spec])
         equal &= runs[True].tokens == runs[False].tokens
         off.append(runs[False].decode_tokens_per_s)
         on.append(runs[True].decode_tokens_per_s)

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from ..request.sampling import MAX_SEED
 from ..spec.errors import InputError
 
 _DEVICE = re.compile(r"(cpu|cuda)(:(\d+))?")
@@ -38,8 +39,6 @@ def check_finite(value: float, flag: str) -> float:
 
 
 def check_seed(seed: int, flag: str = "--seed") -> int:
-    # model.sampling loads torch; the CLI loads this module for every command
-    from ..model.sampling import MAX_SEED
     if not 0 <= seed <= MAX_SEED:
         raise InputError(f"{flag} must lie in 0..2**63-1 ({MAX_SEED}), got {seed}")
     return seed

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..request.schedules import SCHEDULES
 from ..spec.errors import InputError
 from ..spec.presets import resolve_config
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
@@ -13,8 +14,6 @@ HELP = "measure prefill and decode tokens/s and the trace overhead (random-init 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # dspark.config loads torch: only when this command's options are built
-    from ..dspark.config import SCHEDULES
     parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=64)

@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..request.sampling import check_repetition
 from ..spec.config import load_config
 from ..spec.errors import InputError
 from ..training.card_render import dspark_runs, readme_table
@@ -26,7 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # loads torch: the CLI imports every command module for its help line, so only when this runs
-    from ..model.sampling import check_repetition
     from ..training.card import CardOptions, build_card
 
     for name in ("seq", "windows", "batch", "repeats", "prompts", "quality_tokens"):

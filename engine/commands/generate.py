@@ -5,9 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..request import GenerationRequest, SamplingParams
+from ..request.interventions import check_interventions, parse_intervention
+from ..request.sampling import check_repetition, check_sampling
+from ..request.schedules import SCHEDULES
 from ..spec.config import load_config
 from ..spec.errors import InputError
-from ..spec.interventions import check_interventions, parse_intervention
 from ..spec.presets import resolve_config
 from ..text.prompt_text import check_prompt_text
 from ..trace import Trace, TraceBudget, trace_format
@@ -27,8 +30,6 @@ HELP = "generate text from a prompt (random-init or checkpoint weights), optiona
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # dspark.config loads torch: only when this command's options are built
-    from ..dspark.config import SCHEDULES
     parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint)")
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--checkpoint", help="safetensors file, or a directory with model.safetensors / an index; "
@@ -159,11 +160,11 @@ def generate_text(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    out = engine.generate_text(args.prompt, max_new_tokens=args.max_new_tokens, add_bos=not args.no_bos,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                               repetition_penalty=args.repetition_penalty, no_repeat_ngram=args.no_repeat_ngram,
-                               trace=trace, on_text=show, dspark=dspark, cuda_graphs=args.cuda_graphs,
-                               interventions=interventions, **({"compiled": True} if args.compile else {}))
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty,
+                              args.no_repeat_ngram, args.seed)
+    request = GenerationRequest(args.max_new_tokens, sampling, dspark=dspark, interventions=interventions,
+                                trace=trace, cuda_graphs=args.cuda_graphs, compiled=args.compile)
+    out = engine.generate_text(args.prompt, request, add_bos=not args.no_bos, on_text=show)
     res = out.result
     print()
     print(f"prompt {res.prompt_lengths[0]} tokens: prefill {res.prefill_tokens_per_s:,.1f} tokens/s; "
@@ -183,9 +184,6 @@ def generate_text(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every flag's value, before any work (the limits a config sets are checked once it is read)."""
-    # model.sampling loads torch: the CLI imports every command module for its help line
-    from ..model.sampling import check_repetition, check_sampling
-
     check_prompt_text(args.prompt, "--prompt")
     check_seed(args.seed)
     check_threads(args.threads)

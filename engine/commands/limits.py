@@ -5,6 +5,14 @@ import argparse
 import tomllib
 from pathlib import Path
 
+from ..checkpoint.header import MAX_HEADER_BYTES
+from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
+from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
+from ..spec import limits as config
+from ..text.prompt_text import MAX_TOKEN_CHARS
+from ..text.vocab import MAX_ID_MAP_BYTES
+from ..trace import limits as trace
+
 HELP = "print the limits checked on configs, checkpoints, prompts, arguments, traces and uploads"
 STREAMLIT_CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
 
@@ -15,14 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def lines() -> list[str]:
     """One Markdown bullet per kind of input (docs/limits.md lists this output)."""
-    from ..checkpoint.header import MAX_HEADER_BYTES
-    from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
-    from ..model.sampling import MAX_SEED, MIN_TEMPERATURE
-    from ..spec import limits as config
-    from ..text.prompt_text import MAX_TOKEN_CHARS
-    from ..text.vocab import MAX_ID_MAP_BYTES
-    from ..trace import limits as trace
-
     mib = 2**20
     upload_mb = tomllib.loads(STREAMLIT_CONFIG.read_text(encoding="utf-8"))["server"]["maxUploadSize"]
     return [

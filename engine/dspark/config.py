@@ -8,16 +8,12 @@ from pathlib import Path
 
 import torch
 
+from ..request.schedules import SCHEDULES
 from ..spec.errors import InputError
 from .calibration import OnlineCalibration
 from .fallback import PlainFallback
 from .profile import profile_and_store, stored_table, table_path
 from .schedule import ThroughputTable, schedule_all, schedule_block, schedule_threshold, schedule_throughput
-
-# schedule name -> what it verifies (the CLI's --schedule choices and the app's selector)
-SCHEDULES = {"all": "verify every draft", "threshold": "cut at the first draft below a confidence",
-             "auto": "DSpark Alg. 1: maximise expected tokens/s, or decode plainly while drafting does not pay "
-                     "(profiles this machine once)"}
 
 
 @dataclass(frozen=True)

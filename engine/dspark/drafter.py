@@ -7,7 +7,8 @@ import torch
 
 from ..model.draft import DraftContext, draft_hidden
 from ..model.interventions import NONE
-from ..model.sampling import SamplingParams, apply_history_rules, draw, probabilities
+from ..model.sampling import apply_history_rules, draw, probabilities
+from ..request.sampling import SamplingParams
 from .drafter_cache import DrafterCache
 
 

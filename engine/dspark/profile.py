@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.sampling import SamplingParams
+from ..request.sampling import SamplingParams
 from ..spec.errors import InputError
 from .drafter import draft
 from .drafter_cache import DrafterCache

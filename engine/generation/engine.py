@@ -3,15 +3,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from ..dspark.config import DSparkConfig
+from ..checkpoint.official_layout import official_folder
+from ..checkpoint.store import config_beside, id_map_beside, load_checkpoint
+from ..model import Transformer, init_weights
+from ..model.options import EngineOptions
+from ..parallel import build_shard
+from ..parallel.settings import lockstep_settings
+from ..parallel.world import World, join_world
+from ..plan.memory_fit import check_model_fits
+from ..request import GenerationRequest
+from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
-from ..spec.interventions import Intervention
+from ..spec.presets import resolve_config
+from ..speedups import prepare_for_inference
+from ..text.byte_fallback import ByteFallbackTokenizer
+from ..text.engram_map import model_token_map
 from ..text.prompt_text import check_prompt_text, check_text
+from ..text.tokenizer import Tokenizer, load_tokenizer
 from .plain import generate
-from .results import GenerationResult, StepInfo
+from .results import GenerationResult, OnToken, StepInfo
 from .speculative import generate_speculative
 from .text_stream import TextStream
 
@@ -27,36 +41,28 @@ class Engine:
     """A model with its tokenizer and Engram token map, loaded once; the app, the CLI, the model card and the
     benches generate through it. tokenizer may be None for a model driven by token ids only."""
 
-    def __init__(self, model, tokenizer=None, source: str = ""):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None = None, source: str = "") -> None:
         self.args, self.model, self.tokenizer, self.source = model.args, model, tokenizer, source
 
     @classmethod
-    def load(cls, config=None, checkpoint=None, *, seed: int = 0, device: str = "cpu",
-             dtype: torch.dtype = torch.float32, options=None) -> Engine:
+    def load(cls, config: ModelArgs | str | Path | None = None, checkpoint: str | Path | None = None, *,
+             seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32,
+             options: EngineOptions | None = None) -> Engine:
         """config: ModelArgs, a config path or preset name (optional with a checkpoint that has config.json
         beside it). Without a checkpoint the weights are the seeded random initialisation."""
-        from ..parallel.world import join_world
-        from ..spec.config import ModelArgs, load_config
-        from ..spec.presets import resolve_config
-        from ..text.engram_map import model_token_map
-        from ..text.tokenizer import load_tokenizer
         world = join_world(device)  # None in one process; under torchrun: this rank (model sharded, engine.parallel)
         args = config if isinstance(config, ModelArgs) or config is None else resolve_config(str(config))
         if checkpoint is not None and args is None:
-            from ..checkpoint.store import config_beside
             args = load_config(config_beside(checkpoint))
         if args is not None:  # first, before the tokenizer and any weight: refuse what cannot fit
             _refuse_if_too_big(args, world, device, dtype, checkpoint)
         tokenizer = load_tokenizer()
         if checkpoint is not None:
-            from ..checkpoint.store import id_map_beside, load_checkpoint
-            from ..text.byte_fallback import ByteFallbackTokenizer
             id_map = id_map_beside(checkpoint, tokenizer, args.vocab_size)
             token_map = model_token_map(args, tokenizer, id_map)
             if id_map is not None:  # a reduced vocabulary: model ids are not tokenizer ids
                 tokenizer = ByteFallbackTokenizer(id_map)
             if world is not None:
-                from ..parallel import build_shard
                 model = build_shard(args, world, checkpoint=checkpoint, token_map=token_map, dtype=dtype,
                                     options=options)
             else:
@@ -66,10 +72,7 @@ class Engine:
         else:
             if args is None:
                 raise InputError("Engine.load: give a config (or a checkpoint with config.json beside it)")
-            from ..model import Transformer, init_weights
-            from ..speedups import prepare_for_inference
             if world is not None:
-                from ..parallel import build_shard
                 model = build_shard(args, world, token_map=model_token_map(args, tokenizer), seed=seed, dtype=dtype,
                                     options=options)
             else:
@@ -97,54 +100,46 @@ class Engine:
                              f"{self.args.max_seq_len}")
         return ids
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, dspark: DSparkConfig | None = None,
-                 interventions: Sequence[Intervention | str] = (), **kwargs) -> GenerationResult:
-        """Generate from token ids: plain decoding, or with dspark (a DSparkConfig) speculative decoding, whose
-        result is a SpeculativeResult with DSpark metrics. The other keywords are those of
-        engine.generation.plain.generate (sampling, seed, stop tokens, on_token, trace, cuda_graphs, compiled); the
-        trace labels tokens with the tokenizer's text unless token_text is given. interventions: what-if changes
-        (engine.spec.interventions, e.g. 'ban-expert:3:5@12'), checked against the config, applied to every forward
-        of the run and recorded in the trace's meta."""
-        kwargs["interventions"] = interventions
-        if self.tokenizer is not None:
-            kwargs.setdefault("token_text", self.tokenizer.token_text)
+    def generate(self, prompts: Sequence[Sequence[int]], request: GenerationRequest, *,
+                 on_token: OnToken | None = None, token_text: Callable[[int], str] | None = None) -> GenerationResult:
+        """Generate from token ids: plain decoding, or with request.dspark (a DSparkConfig) speculative decoding, whose
+        result is a SpeculativeResult with DSpark metrics (engine.generation.plain.generate and
+        engine.generation.speculative.generate_speculative). The trace labels tokens with the tokenizer's text
+        unless token_text is given. A model split over ranks (torchrun) takes the request every rank agrees on
+        (engine.parallel.settings.lockstep_settings)."""
+        if token_text is None and self.tokenizer is not None:
+            token_text = self.tokenizer.token_text
         if getattr(self.model, "world", None) is not None:  # every rank must take the same steps
-            from ..parallel.settings import lockstep_settings
-            kwargs = lockstep_settings(kwargs, self.model.world)
-        if dspark is None:
-            return generate(self.model, prompts, max_new_tokens=max_new_tokens, **kwargs)
-        return generate_speculative(self.model, prompts, max_new_tokens=max_new_tokens, dspark=dspark, **kwargs)
+            request = lockstep_settings(request, self.model.world)
+        if request.dspark is None:
+            return generate(self.model, prompts, request, on_token=on_token, token_text=token_text)
+        return generate_speculative(self.model, prompts, request, on_token=on_token, token_text=token_text)
 
-    def generate_text(self, prompts: str | Sequence[str], *, max_new_tokens: int, add_bos: bool = True,
-                      on_text: Callable[[int, str], None] | None = None, dspark: DSparkConfig | None = None,
-                      interventions: Sequence[Intervention | str] = (), **kwargs) -> TextGeneration:
-        """Generate from text; on_text(row, piece) streams decoded text (whole characters only). dspark: a
-        DSparkConfig to decode speculatively (the result is then a SpeculativeResult with DSpark metrics).
-        cuda_graphs=True graphs the decode steps, compiled=True runs them through torch.compile (with dspark: the
-        target's verify forwards, the drafts and the auto schedule's plain steps). interventions: as for generate."""
+    def generate_text(self, prompts: str | Sequence[str], request: GenerationRequest, *, add_bos: bool = True,
+                      on_text: Callable[[int, str], None] | None = None,
+                      on_token: OnToken | None = None) -> TextGeneration:
+        """Generate from text, as generate does from ids; on_text(row, piece) streams decoded text (whole
+        characters only), on_token(row, token, info) each token as it is committed."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode_prompt(t, add_bos, f"prompt {i}") for i, t in enumerate(texts)]
         streams = [TextStream(self.tokenizer) for _ in texts]
-        user_cb = kwargs.pop("on_token", None)
 
-        def on_token(row: int, token: int, info: StepInfo) -> None:
+        def on_each_token(row: int, token: int, info: StepInfo) -> None:
             piece = streams[row].push(token)
             if on_text is not None and piece:
                 on_text(row, piece)
-            if user_cb is not None:
-                user_cb(row, token, info)
+            if on_token is not None:
+                on_token(row, token, info)
 
-        result = self.generate(ids, max_new_tokens=max_new_tokens, on_token=on_token, dspark=dspark,
-                               interventions=interventions, **kwargs)
+        result = self.generate(ids, request, on_token=on_each_token)
         return TextGeneration([self.tokenizer.decode(t) for t in result.tokens], ids, result)
 
 
-def _refuse_if_too_big(args, world, device, dtype: torch.dtype, checkpoint=None) -> None:
+def _refuse_if_too_big(args: ModelArgs, world: World | None, device: str, dtype: torch.dtype,
+                       checkpoint: str | Path | None = None) -> None:
     """In one process every weight lands on `device`: refuse a model whose weights cannot fit there before
     allocating any (engine.plan.memory_fit; a quantized official checkpoint leaves its Engram tables on disk).
     Under torchrun each rank holds only its shard (engine.parallel), so the check is left to the memory plan."""
-    from ..checkpoint.official_layout import official_folder
-    from ..plan.memory_fit import check_model_fits
     if world is not None:
         return
     free = None

@@ -6,70 +6,49 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..model.sampling import (
-    SamplingParams,
-    apply_history_rules,
-    check_finite_logits,
-    draw,
-    make_generators,
-    probabilities,
-)
+from ..graphs import GraphedDecoder, cache_length_for
+from ..model.sampling import apply_history_rules, check_finite_logits, draw, make_generators, probabilities
+from ..model.transformer import Transformer
+from ..request import GenerationRequest
 from ..spec.errors import InputError
-from ..trace import Trace
-from .results import (
-    EOS_ID,
-    Emitter,
-    GenerationResult,
-    OnToken,
-    check_max_new_tokens,
-    check_prompts,
-    elapsed,
-    row_seeds,
-    run_interventions,
-)
+from .results import Emitter, GenerationResult, OnToken, check_prompts, elapsed, row_seeds, run_interventions
 
 
 @torch.inference_mode()
-def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int] | None = None,
-             stop_tokens: Sequence[int] = (EOS_ID,), on_token: OnToken | None = None, trace: Trace | None = None,
-             token_text: Callable[[int], str] | None = None, cuda_graphs: bool = False,
-             compiled: bool = False, interventions: Sequence = (), repetition_penalty: float = 1.0,
-             no_repeat_ngram: int = 0) -> GenerationResult:
-    """Generate up to max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
-    output does not depend on its batch companions. token_text labels tokens in the trace. cuda_graphs:
-    decode steps go through an engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on
-    the CPU the same static body runs eagerly); compiled: that decoder's untraced steps run torch.compile'd
-    (engine.graphs.compiled_body; minutes of compiling first, then several times faster on a CPU, equal up
-    to float rounding); prefill stays eager. interventions: what-if changes (engine.spec.interventions: items or
-    texts such as 'ban-expert:3:5@12') applied to every forward of the run and recorded in the trace's meta.
-    repetition_penalty / no_repeat_ngram (1 / 0 = off): engine.model.sampling.apply_history_rules over each row's
-    prompt + tokens so far, before the choice (greedy or sampled)."""
+def generate(model: Transformer, prompts: Sequence[Sequence[int]], request: GenerationRequest, *,
+             on_token: OnToken | None = None, token_text: Callable[[int], str] | None = None) -> GenerationResult:
+    """Generate up to request.max_new_tokens per prompt. Row i samples with seed + i (or seed[i]), so a prompt's
+    output does not depend on its batch companions. token_text labels tokens in the trace; on_token(row, token,
+    info) hears of each token as it is committed. request.cuda_graphs: decode steps go through an
+    engine.graphs.GraphedDecoder (CUDA graphs per batch bucket on a GPU; on the CPU the same static body runs
+    eagerly); request.compiled: that decoder's untraced steps run torch.compile'd (engine.graphs.compiled_body;
+    minutes of compiling first, then several times faster on a CPU, equal up to float rounding); prefill stays
+    eager. request.interventions: what-if changes (engine.request.interventions) applied to every forward of the run
+    and recorded in the trace's meta. The sampling's repetition_penalty / no_repeat_ngram (1 / 0 = off):
+    engine.model.sampling.apply_history_rules over each row's prompt + tokens so far, before the choice (greedy or
+    sampled)."""
+    max_new_tokens, params, trace = request.max_new_tokens, request.sampling, request.trace
     args = model.args
-    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs or compiled)
+    interventions = run_interventions(model, request.interventions, trace, graphed=request.graphed)
     if any(iv.kind == "drop-stage" for iv in interventions.items):
         raise InputError("intervention 'drop-stage' changes the DSpark drafter, which plain decoding does not run: "
                          "decode with DSpark, or leave it out")
-    check_max_new_tokens(max_new_tokens)
-    params = SamplingParams(float(temperature), top_k, float(top_p), repetition_penalty, no_repeat_ngram)
     prompts = check_prompts(prompts, args.vocab_size, args.max_seq_len)
     n = len(prompts)
-    seeds = row_seeds(seed, n)
+    seeds = row_seeds(params.seed, n)
     device = next(model.parameters()).device
     generators = make_generators(seeds, device)
     max_len = min(args.max_seq_len, max(len(p) for p in prompts) + max_new_tokens)
     # with graphs, one extra cache row takes the padding rows of a batch bucket
-    graphed = cuda_graphs or compiled
-    if compiled:  # a bucketed length: later runs of nearby lengths reuse the compiled graphs
-        from ..graphs import cache_length_for
+    graphed = request.graphed
+    if request.compiled:  # a bucketed length: later runs of nearby lengths reuse the compiled graphs
         max_len = cache_length_for(max_len, args.max_seq_len)
     cache = model.new_cache(n + 1 if graphed else n, max_len)
     decoder = None
     if graphed:
-        from ..graphs import GraphedDecoder
-        decoder = GraphedDecoder(model, cache, scratch_row=n, compile=compiled)
+        decoder = GraphedDecoder(model, cache, scratch_row=n, compile=request.compiled)
     result = GenerationResult.for_prompts(prompts)
-    out = Emitter(result, max_new_tokens, args.max_seq_len, stop_tokens, trace, token_text, on_token)
+    out = Emitter(result, max_new_tokens, args.max_seq_len, request.stop_tokens, trace, token_text, on_token)
 
     # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
     last_logits, last_time = [], []

@@ -4,19 +4,22 @@ from __future__ import annotations
 import numbers
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 
 from ..model.interventions import Interventions
-from ..model.sampling import MAX_SEED
+from ..model.transformer import Transformer
+from ..request.interventions import Intervention
+from ..request.sampling import MAX_SEED
 from ..spec.errors import InputError
 from ..text.tokenizer import EOS_ID
 from ..trace import Trace
 
-__all__ = ["EOS_ID", "Emitter", "GenerationResult", "OnToken", "StepInfo", "check_max_new_tokens",
-           "check_prompts", "elapsed", "row_seeds"]
+__all__ = ["EOS_ID", "Emitter", "GenerationResult", "OnToken", "StepInfo", "check_prompts", "elapsed", "row_seeds",
+           "run_interventions"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class GenerationResult:
     step_times: list[float] = field(default_factory=list)  # one per decode step
 
     @classmethod
-    def for_prompts(cls, prompts: Sequence[Sequence[int]]):
+    def for_prompts(cls, prompts: Sequence[Sequence[int]]) -> Self:
         """An empty result, one row per prompt."""
         return cls([[] for _ in prompts], [""] * len(prompts), [len(p) for p in prompts])
 
@@ -58,11 +61,6 @@ class GenerationResult:
 
 
 OnToken = Callable[[int, int, StepInfo], None]
-
-
-def check_max_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise InputError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_seq_len: int) -> list[list[int]]:
@@ -123,7 +121,8 @@ def elapsed(t0: float, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def run_interventions(model, items, trace=None, *, graphed: bool = False) -> Interventions:
+def run_interventions(model: Transformer, items: Interventions | Iterable[Intervention | str],
+                      trace: Trace | None = None, *, graphed: bool = False) -> Interventions:
     """One run's interventions, checked against the model's config and written into the trace's meta ("interventions":
     their canonical texts, [] for none). Refused where the run would not apply them: CUDA-graphed or compiled decode
     steps (captured without them) and a model split over ranks (torchrun)."""
@@ -144,7 +143,8 @@ PROMPT_LOGITS_VALUES = 2**24  # logits held at once while scoring a prompt (64 M
 
 
 @torch.inference_mode()
-def score_prompt(model, ids: list[int], row: int, trace: Trace, interventions=None) -> None:
+def score_prompt(model: Transformer, ids: list[int], row: int, trace: Trace,
+                 interventions: Interventions | None = None) -> None:
     """Teacher-forced probabilities of a prompt's tokens, into the trace: the prompt (all but its last token) runs
     through a cache of its own in chunks whose logits stay under PROMPT_LOGITS_VALUES (chunked prefill equals
     one-shot prefill), and position p's logits score the token at p + 1. A separate forward, without the trace,
@@ -167,13 +167,14 @@ class Emitter:
     """Commits tokens to a result the same way for every loop: stop check, append, trace, callback, finish."""
 
     def __init__(self, result: GenerationResult, max_new_tokens: int, max_seq_len: int, stop_tokens: Sequence[int],
-                 trace: Trace | None, token_text: Callable[[int], str] | None, on_token: OnToken | None):
+                 trace: Trace | None, token_text: Callable[[int], str] | None, on_token: OnToken | None) -> None:
         self.result, self.max_new_tokens, self.max_seq_len = result, max_new_tokens, max_seq_len
         self.stop = {int(t) for t in stop_tokens}
         self.trace, self.on_token = trace, on_token
         self.text_of = token_text or (lambda t: "")
 
-    def record_prompt(self, row: int, ids: list[int], model=None, interventions=None) -> None:
+    def record_prompt(self, row: int, ids: list[int], model: Transformer | None = None,
+                      interventions: Interventions | None = None) -> None:
         """The prompt's tokens into the trace; with the model, also how probable each was (score_prompt, under the
         run's interventions)."""
         if self.trace is not None:

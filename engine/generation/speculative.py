@@ -13,28 +13,22 @@ from ..dspark.drafter import Draft, draft
 from ..dspark.drafter_cache import DrafterCache
 from ..dspark.metrics import DSparkMetrics, summarize
 from ..dspark.verify import Verdict, verify, verify_greedy
+from ..graphs import GraphedDecoder, GraphedDrafter, cache_length_for
+from ..graphs.compiled_body import compiled_ring_rows
+from ..model.interventions import Interventions
 from ..model.sampling import (
     NonFiniteLogitsError,
-    SamplingParams,
     apply_history_rules,
     check_finite_logits,
     draw,
     make_generators,
     probabilities,
 )
+from ..model.transformer import Transformer
+from ..request import GenerationRequest
 from ..spec.errors import InputError
 from ..trace import DSparkStep
-from .results import (
-    EOS_ID,
-    Emitter,
-    GenerationResult,
-    OnToken,
-    check_max_new_tokens,
-    check_prompts,
-    elapsed,
-    row_seeds,
-    run_interventions,
-)
+from .results import Emitter, GenerationResult, OnToken, check_prompts, elapsed, row_seeds, run_interventions
 
 __all__ = ["SpeculativeResult", "generate_speculative"]
 
@@ -59,21 +53,16 @@ Verifier = Callable[..., object]
 
 
 @torch.inference_mode()
-def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int | Sequence[int] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
-                         dspark: DSparkConfig | None = None, on_token: OnToken | None = None, trace=None,
-                         token_text: Callable[[int], str] | None = None,
-                         verifier: Verifier = verify, cuda_graphs: bool = False, compiled: bool = False,
-                         interventions: Sequence = (), repetition_penalty: float = 1.0,
-                         no_repeat_ngram: int = 0) -> SpeculativeResult:
+def generate_speculative(model: Transformer, prompts: Sequence[Sequence[int]], request: GenerationRequest, *,
+                         on_token: OnToken | None = None, token_text: Callable[[int], str] | None = None,
+                         verifier: Verifier = verify) -> SpeculativeResult:
     """Same contract as engine.generation.plain.generate (row i samples with seed + i; tokens, finish reasons), with
     every decode step a DSpark step. Lossless: greedy output equals plain greedy output, and at T > 0 the
     emitted tokens follow the target's distribution. `verifier` exists so tests can break it on purpose.
     With the auto schedule and a profiled table, a step may be a plain step instead (no draft, one token per
     row) while the drafter's confidence says drafting does not pay (engine.dspark.fallback.PlainFallback).
 
-    cuda_graphs: each step's target verify forward goes through an engine.graphs.GraphedDecoder (a CUDA
+    request.cuda_graphs: each step's target verify forward goes through an engine.graphs.GraphedDecoder (a CUDA
     graph per batch bucket on a GPU; on the CPU the same static body runs eagerly). A graph has a fixed
     width, so every row then verifies a full block [anchor, x_1..x_γ]; the schedule's ℓ still decides what
     is checked and accepted (logits past ℓ go unused), so tokens, accepted counts and random draws are
@@ -85,35 +74,34 @@ def generate_speculative(model, prompts: Sequence[Sequence[int]], *, max_new_tok
     drafts' calibrated confidences say the block would not beat a plain forward (engine.dspark.schedule.schedule_block:
     the anchors alone then go through a one-token GraphedDecoder on the same cache, as its plain steps do).
 
-    compiled: the same static verify, plain-step and draft bodies through torch.compile (engine.graphs.compiled_body;
-    on a CPU, generated C++ instead of thousands of small ops a step; minutes of compiling on first use, cached on
-    disk), with cuda_graphs' block widths and schedules; logits and drafts equal the eager bodies' up to float
-    rounding, so greedy output equals compiled plain decoding's except where two logits tie within that rounding.
+    request.compiled: the same static verify, plain-step and draft bodies through torch.compile
+    (engine.graphs.compiled_body; on a CPU, generated C++ instead of thousands of small ops a step; minutes of
+    compiling on first use, cached on disk), with cuda_graphs' block widths and schedules; logits and drafts equal
+    the eager bodies' up to float rounding, so greedy output equals compiled plain decoding's except where two
+    logits tie within that rounding.
 
-    interventions (engine.spec.interventions) apply to every target forward, so the drafter's taps come from the
-    intervened target, and drop-stage to the drafter: the output is the plain output under the same backbone
-    interventions (greedy: token for token). Not with cuda_graphs or compiled.
+    request.interventions (engine.request.interventions) apply to every target forward, so the drafter's taps come
+    from the intervened target, and drop-stage to the drafter: the output is the plain output under the same
+    backbone interventions (greedy: token for token). Not with cuda_graphs or compiled.
 
-    repetition_penalty / no_repeat_ngram (engine.model.sampling.apply_history_rules) process the target's logits
-    at every verified position with the history that position has if the drafts before it are accepted (prompt,
-    committed tokens, those drafts), so verification compares the drafts with exactly what plain decoding under
-    the same options would choose or sample there. The drafter applies them too, draft by draft (for acceptance
-    only; with cuda_graphs its drafts then come from the eager drafter)."""
+    The sampling's repetition_penalty / no_repeat_ngram (engine.model.sampling.apply_history_rules) process the
+    target's logits at every verified position with the history that position has if the drafts before it are
+    accepted (prompt, committed tokens, those drafts), so verification compares the drafts with exactly what plain
+    decoding under the same options would choose or sample there. The drafter applies them too, draft by draft
+    (for acceptance only; with cuda_graphs its drafts then come from the eager drafter)."""
     args = model.args
     if not args.has_dspark or not len(model.mtp):
         raise InputError(f"config '{args.name or args.model_type}' has no DSpark drafter: run without --dspark")
-    check_max_new_tokens(max_new_tokens)
-    params = SamplingParams(float(temperature), top_k, float(top_p), repetition_penalty, no_repeat_ngram)
-    cfg = dspark or DSparkConfig()
+    params = request.sampling
+    cfg = request.dspark or DSparkConfig()
     if cfg.schedule == "auto" and not cfg.early_stop and not params.greedy:
         # the global search may look at a draft's own survival (which depends on the draft's value) before
         # deciding to verify it; the early-stopped form decides from earlier drafts only, which is lossless
         raise InputError("DSpark: the global-search scheduler (early_stop=False) is not lossless at temperature > 0; "
                          "use early_stop=True or greedy decoding")
-    interventions = run_interventions(model, interventions, trace, graphed=cuda_graphs or compiled)
-    run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), max_new_tokens,
-                       params, cfg, seed, stop_tokens, on_token, trace, token_text, verifier, cuda_graphs, compiled,
-                       interventions)
+    interventions = run_interventions(model, request.interventions, request.trace, graphed=request.graphed)
+    run = _Speculation(model, check_prompts(prompts, args.vocab_size, args.max_seq_len), request, cfg, on_token,
+                       token_text, verifier, interventions)
     run.prefill()
     while run.active:
         run.step()
@@ -124,45 +112,40 @@ class _Speculation:
     """One generate_speculative call: per-row state (anchor, caches, generator) and the step loop."""
     FORWARD_WEIGHT = 0.3   # the newest graphed forward's weight in the running mean of its width's seconds
 
-    def __init__(self, model, prompts, max_new, params, cfg, seed, stop_tokens, on_token, trace, token_text,
-                 verifier, cuda_graphs=False, compiled=False, interventions=None):
-        self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, max_new
+    def __init__(self, model: Transformer, prompts: list[list[int]], request: GenerationRequest, cfg: DSparkConfig,
+                 on_token: OnToken | None, token_text: Callable[[int], str] | None, verifier: Verifier,
+                 interventions: Interventions) -> None:
+        self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, request.max_new_tokens
         self.interventions = interventions
-        self.params, self.cfg, self.trace, self.verifier = params, cfg, trace, verifier
+        self.params, self.cfg, self.trace, self.verifier = request.sampling, cfg, request.trace, verifier
         n, self.gamma = len(prompts), model.args.dspark_block_size
         self.temperature = cfg.temperature(self.gamma)
-        self.gens = make_generators(row_seeds(seed, n), model.device)
+        self.gens = make_generators(row_seeds(self.params.seed, n), model.device)
         # γ + 1 spare positions: a verify forward is padded to the batch's longest scheduled block
-        longest = min(self.args.max_seq_len, max(map(len, prompts)) + max_new)
-        graphed = cuda_graphs or compiled
+        longest = min(self.args.max_seq_len, max(map(len, prompts)) + self.max_new)
+        graphed, compiled = request.graphed, request.compiled
         # with graphs, one extra cache row takes a batch bucket's padding rows; the γ + 1 spare positions
         # already give every active row room for a full graphed block (the eager fallback guards the rest)
         length = longest + self.gamma + 1
         if compiled:  # a bucketed length: later runs of nearby lengths reuse the compiled graphs
-            from ..graphs import cache_length_for
             length = cache_length_for(length, self.args.max_seq_len + self.gamma + 1)
         self.cache = model.new_cache(n + 1 if graphed else n, length)
         self.fallback = cfg.fallback()                         # auto: plain steps while drafting does not pay
-        self.decoders = {}   # graphed target forwards by block width: γ + 1 (verify), 1 (the fallback's plain steps)
+        # graphed target forwards by block width: γ + 1 (verify), 1 (the fallback's plain steps)
+        self.decoders: dict[int, GraphedDecoder] = {}
         self.forward_s: dict[int, float] = {}   # their seconds by width (running means, weight FORWARD_WEIGHT)
         if graphed:
-            from ..graphs import GraphedDecoder
             for width in (self.gamma + 1, 1) if self.fallback is not None else (self.gamma + 1,):
                 self.decoders[width] = GraphedDecoder(model, self.cache, scratch_row=n, tokens_per_row=width,
                                                       logits="all", return_taps=True, compile=compiled)
         # the drafter rings match: row n is the scratch row a draft bucket's padding rows read
-        block_rows = None
-        if compiled:
-            from ..graphs.compiled_body import compiled_ring_rows
-            block_rows = (self.gamma + 1, compiled_ring_rows(model))
+        block_rows = (self.gamma + 1, compiled_ring_rows(model)) if compiled else None
         self.rings = DrafterCache(model, n + 1 if graphed else n, self.cache.margin, block_rows)
-        self.drafter = None
-        if graphed:
-            from ..graphs import GraphedDrafter
-            self.drafter = GraphedDrafter(model, self.rings, scratch_row=n, compile=compiled)
+        self.drafter = GraphedDrafter(model, self.rings, scratch_row=n, compile=compiled) if graphed else None
         self.calibration = cfg.calibration(self.gamma)            # auto: confidences scaled by the run's verdicts
         self.res = SpeculativeResult.for_prompts(prompts)
-        self.out = Emitter(self.res, max_new, self.args.max_seq_len, stop_tokens, trace, token_text, on_token)
+        self.out = Emitter(self.res, self.max_new, self.args.max_seq_len, request.stop_tokens, self.trace, token_text,
+                           on_token)
         self.active: list[int] = []
         self.anchors: dict[int, int] = {}     # row → its anchor: the last committed token, not yet processed
         self.n_steps = 0

@@ -1,11 +1,13 @@
 """Incremental detokenization: decoded text per token, held back while it ends inside a UTF-8 character."""
 from __future__ import annotations
 
+from ..text.tokenizer import Tokenizer
+
 
 class TextStream:
     """Emits new text once it no longer ends in a partial UTF-8 character (decode shows that as U+FFFD)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer, self.ids, self.emitted = tokenizer, [], 0
 
     def push(self, token: int) -> str:

@@ -5,7 +5,7 @@ import torch
 
 from ..dspark.drafter import draft_block_ids, draft_forward, markov_drafts
 from ..model.interventions import NONE
-from ..model.sampling import SamplingParams
+from ..request.sampling import SamplingParams
 from ..spec.errors import InputError
 from ..speedups import sync_free
 from .static_context import StaticDraftContext

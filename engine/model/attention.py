@@ -2,10 +2,13 @@
 output."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from ..spec.roles import family_roles
+from ..spec.config import ModelArgs
+from ..spec.roles import LayerRole, family_roles
 from .compressor import Compressor
 from .context import ForwardContext
 from .indexer import Indexer
@@ -35,7 +38,8 @@ def all_visible(visible: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, args, role, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, role: LayerRole, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.role, self.layer = role, role.layer
         self.n_heads, self.head_dim, self.rope_dim = args.n_heads, args.head_dim, args.rope_head_dim
@@ -146,7 +150,8 @@ class Attention(nn.Module):
         topk = self.read_rows(x, qr, cis, ctx, lambda: all_visible(ctx.visible(ratio), width))
         return cache.comp_kv[src][rows, :width], topk
 
-    def read_rows(self, x, qr, cis, ctx: ForwardContext, every_row) -> torch.Tensor:
+    def read_rows(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext,
+                  every_row: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The compressed rows each query reads: its own indexer's top-k (kept for the layers that reuse it), the
         source layer's, or every visible row (V4 HCA: no indexer; every_row() makes them)."""
         role = self.role

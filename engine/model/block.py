@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..spec.roles import family_roles
+from ..spec.config import ModelArgs
+from ..spec.roles import LayerRole, family_roles
 from .attention import Attention
 from .context import ForwardContext
 from .engram import Engram
@@ -14,7 +15,8 @@ from .norm import RMSNorm
 
 
 class Block(nn.Module):
-    def __init__(self, args, role, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, role: LayerRole, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.role, self.path = role, role.path
         self.hc, self.iters, self.hc_eps, self.norm_eps = args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps
@@ -37,7 +39,7 @@ class Block(nn.Module):
             n_rows = args.engram_num_embeddings[args.engram_layer_ids.index(role.layer)]
             self.engram = Engram(args, role.layer, n_rows, **kw)
 
-    def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext):
+    def mixes(self, x: torch.Tensor, site: str, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pre, post, comb = hc_mixes(x, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_scale"),
                                    getattr(self, f"hc_{site}_base"), self.iters, self.hc_eps, self.norm_eps,
                                    self.sinkhorn)
@@ -49,7 +51,7 @@ class Block(nn.Module):
             ctx.trace.record_mhc(self.path, site, rows, pos, pre, post, comb)   # the trace derives the residuals
         return pre, post, comb
 
-    def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx: ForwardContext):
+    def forward(self, x: torch.Tensor, pre_in: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, S, hc, dim], pre_in [B, S, hc] (the previous site's pre) → (x', this block's ffn pre).
 
         Each site computes (pre, post, comb) from its own input. V4.1 (single pass) hands `pre` on to the next

@@ -1,11 +1,19 @@
 """ModelCache: every piece of decode state (spec §6) for a fixed number of rows, with exact rollback."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..spec.errors import InputError
 from ..spec.roles import family_roles
 from .norm import upcast
+
+if TYPE_CHECKING:  # the model builds its caches: named for annotations only
+    from .transformer import Transformer
+
+Rows = torch.Tensor | Sequence[int]   # cache rows: a tensor or a list of row numbers
 
 
 class ModelCache:
@@ -25,7 +33,7 @@ class ModelCache:
     `pos` and `high_water` (highest position ever written + 1) live on the CPU.
     """
 
-    def __init__(self, model, batch_size: int, max_seq_len: int, margin: int):
+    def __init__(self, model: Transformer, batch_size: int, max_seq_len: int, margin: int) -> None:
         args = model.args
         if batch_size < 1:
             raise InputError(f"batch_size must be at least 1, got {batch_size}")
@@ -69,7 +77,7 @@ class ModelCache:
         self.pending_window[key] = (ratio, earlier)
 
     # ---- bookkeeping ------------------------------------------------------------------------------
-    def resolve_rows(self, rows, n: int) -> torch.Tensor:
+    def resolve_rows(self, rows: Rows | None, n: int) -> torch.Tensor:
         """Cache rows for a batch of n sequences (default 0..n−1), validated, as a CPU LongTensor."""
         if rows is None:
             if n > self.batch_size:
@@ -95,7 +103,7 @@ class ModelCache:
         self.pos[rows] += n_tokens
         self.high_water[rows] = torch.maximum(self.high_water[rows], self.pos[rows])
 
-    def rollback(self, pos, rows=None) -> None:
+    def rollback(self, pos: int | torch.Tensor, rows: Rows | None = None) -> None:
         """Return rows to position `pos` (int or per-row tensor): the state becomes exactly what it was
         when those rows were last at that position. Only the last `margin` positions are restorable."""
         rows = torch.arange(self.batch_size) if rows is None else self.resolve_rows(rows, len(torch.as_tensor(rows).flatten()))
@@ -119,7 +127,7 @@ class ModelCache:
                 self.engram_history[r, t:top] = 0
         self.pos[rows] = target
 
-    def reset(self, rows=None) -> None:
+    def reset(self, rows: Rows | None = None) -> None:
         """Empty rows completely (a new sequence starts there)."""
         rows = torch.arange(self.batch_size) if rows is None else torch.as_tensor(rows, dtype=torch.long).flatten()
         for t in (*self.window.values(), *self.comp_kv.values(), *self.index_k.values()):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.config import ModelArgs
 from ..spec.roles import family_roles
 from .context import ForwardContext
 from .linear import Linear
@@ -18,8 +19,9 @@ class Compressor(nn.Module):
     wgate are twice `head_dim` wide. The index keys of a V4 CSA layer have a compressor of their own (index_head_dim).
     `pending` names this compressor's ring of recent inputs in ModelCache.pending."""
 
-    def __init__(self, args, ratio: int, layer: int, head_dim: int | None = None, pending: int | str | None = None,
-                 dtype=None, device=None):
+    def __init__(self, args: ModelArgs, ratio: int, layer: int, head_dim: int | None = None,
+                 pending: int | str | None = None, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         family = family_roles(args)
         self.ratio, self.layer = ratio, layer

@@ -1,13 +1,17 @@
 """ForwardContext: what one forward call shares across layers (positions, cache rows, published indices)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import torch
 
 from .cache import ModelCache
 from .interventions import NONE, Interventions
 from .options import EngineOptions
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -27,11 +31,11 @@ class ForwardContext:
     candidates: torch.Tensor | None = None
     memo: dict = field(default_factory=dict)   # per-call values every layer would otherwise recompute
     indexer_loss: object | None = None         # an IndexerLoss collector (training only; no effect on outputs)
-    interventions: Interventions = NONE        # what-if changes (engine.spec.interventions); NONE = the reference
+    interventions: Interventions = NONE        # what-if changes (engine.request.interventions); NONE = the reference
     # width, groups_out, trace_rows and hands_lens_unread read the call's values on the host; a CUDA-graph body's
     # context (engine.graphs.static_context) overrides them with static shapes and no read-back
 
-    def cached(self, key, make):
+    def cached(self, key: Hashable, make: Callable[[], T]) -> T:
         if key not in self.memo:
             self.memo[key] = make()
         return self.memo[key]

@@ -3,13 +3,16 @@ features plus the whole draft block (non-causal inside it), and the last stage's
 (V4: and its own hc_head, which collapses the draft streams)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..spec.roles import family_roles
+from ..spec.config import ModelArgs
+from ..spec.roles import LayerRole, family_roles
 from .attention import Attention
 from .block import Block
 from .interventions import NONE, Interventions
@@ -19,12 +22,18 @@ from .norm import RMSNorm, upcast
 from .rope import apply_rope
 from .sparse_attn import sparse_attn
 
+if TYPE_CHECKING:  # the model holds the drafter's stages: named for annotations only
+    from .transformer import Transformer
+
+T = TypeVar("T")
+
 
 class MarkovHead(nn.Module):
     """W1 [V, r] (an embedding of the previous token) and W2 [V, r], named as the family's checkpoint names them:
     V4.1 `embed` / `head`, the V4-DSpark files `markov_w1` / `markov_w2`."""
 
-    def __init__(self, args, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.w1_name, self.w2_name = family_roles(args).markov_names
         setattr(self, self.w1_name, nn.Embedding(args.vocab_size, args.dspark_markov_rank, dtype=dtype, device=device))
@@ -45,7 +54,8 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    def __init__(self, args, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.proj = Linear(args.dim + args.dspark_markov_rank, 1, dtype=dtype, device=device)
 
@@ -69,7 +79,7 @@ class DraftContext:
     interventions: Interventions = NONE   # what-if changes; the drafter reads drop-stage (backbone ones reach it
                                           # through the target's taps)
 
-    def cached(self, key, make):
+    def cached(self, key: Hashable, make: Callable[[], T]) -> T:
         if key not in self.memo:
             self.memo[key] = make()
         return self.memo[key]
@@ -114,7 +124,8 @@ class DraftStage(Block, HCHead):
     """An ordinary block (ratio 0, drafter expert counts) plus stage 0's main_proj/main_norm and the
     last stage's norm, Markov head and confidence head (V4: and hc_head_{fn,base,scale})."""
 
-    def __init__(self, args, role, stage: int, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, role: LayerRole, stage: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__(args, role, dtype=dtype, device=device)
         kw = dict(dtype=dtype, device=device)
         self.attn = DraftAttention(args, role, **kw)
@@ -135,7 +146,8 @@ class MTPStage(Block, HCHead):
     checkpoint loads name for name (and converts to the official layout); the engine drafts with DSpark only
     and does not run it."""
 
-    def __init__(self, args, role, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, role: LayerRole, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__(args, role, dtype=dtype, device=device)
         kw = dict(dtype=dtype, device=device)
         self.enorm = RMSNorm(args.dim, args.norm_eps, **kw)
@@ -146,13 +158,13 @@ class MTPStage(Block, HCHead):
         self.add_hc_head(args, **kw)
 
 
-def main_features(model, taps: torch.Tensor) -> torch.Tensor:
+def main_features(model: Transformer, taps: torch.Tensor) -> torch.Tensor:
     """main_hidden [B, S, n_taps·dim] → main_x = main_norm(main_proj(·)) [B, S, dim] (stage 0's modules)."""
     s0 = model.mtp[0]
     return s0.main_norm(s0.main_proj(taps.to(model.dtype)))
 
 
-def draft_hidden(model, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+def draft_hidden(model: Transformer, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
     """Draft block ids [B, γ] ([anchor, noise, …]) through every stage → Hd [B, γ, dim], the collapse of the
     last stage's streams (pre-norm): with its ffn `pre` (V4.1), with its own hc_head (V4)."""
     a = model.args

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..spec.config import ModelArgs
 from ..text.engram_hash import DEAD, NgramHash
 from .linear import Linear
 from .norm import upcast
@@ -15,7 +16,7 @@ class NgramRows:
     """Hash of §4.4.3 for all Engram layers over the cache's per-row history of compressed ids: the torch
     face of engine.text.engram_hash.NgramHash. Runs on the CPU in int64 (the history lives there)."""
 
-    def __init__(self, args):
+    def __init__(self, args: ModelArgs) -> None:
         self.hash = NgramHash(args)
 
     def __call__(self, history: torch.Tensor, positions: torch.Tensor, pad: int) -> torch.Tensor:
@@ -24,7 +25,8 @@ class NgramRows:
 
 
 class Engram(nn.Module):
-    def __init__(self, args, layer: int, n_rows: int, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, layer: int, n_rows: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.layer, self.hc, self.dim, self.eps = layer, args.hc_mult, args.dim, args.norm_eps
         self.slot = args.engram_layer_ids.index(layer)                        # which hash layer
@@ -35,7 +37,8 @@ class Engram(nn.Module):
         self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=dtype, device=device))
         self.k_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim, dtype=dtype, device=device))
 
-    def forward(self, h: torch.Tensor, row_ids: torch.Tensor, live: torch.Tensor | None):
+    def forward(self, h: torch.Tensor, row_ids: torch.Tensor,
+                live: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """h [B, S, hc, dim], row_ids [B, S, cols], live [B, S] (False = DEAD) → (h', gates [B, S, hc])."""
         rows = self.embed(row_ids.to(self.embed.weight.device))               # [B, S, cols, head_dim]
         kv = self.wkv(rows.flatten(-2).to(h.dtype))                           # [B, S, (hc+1)·dim]

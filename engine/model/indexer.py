@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..spec.roles import family_roles
+from ..spec.config import ModelArgs
+from ..spec.roles import LayerRole, family_roles
 from .compressor import Compressor
 from .context import ForwardContext
 from .linear import Linear
@@ -40,7 +41,8 @@ class Indexer(nn.Module):
     """Index source of one layer. Key owners also make the index keys: a V4.1 KV source from each compressed KV
     latent (wk, k_norm); a V4 CSA layer with a compressor of its own over the layer input (spec §11)."""
 
-    def __init__(self, args, role, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, role: LayerRole, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.role = role
         self.owns_keys = role.indexer == "own"

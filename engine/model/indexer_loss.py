@@ -19,7 +19,7 @@ class IndexerLoss:
     skipped. The indexer's inputs are detached too, so this loss trains the indexer alone.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.per_layer: dict[int, torch.Tensor] = {}   # layer → mean KL over its queries (0-dim)
 
     def add(self, layer: int, q: torch.Tensor, compressed: torch.Tensor, scale: float, scores: torch.Tensor,

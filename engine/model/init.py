@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..spec.errors import InputError
+
+if TYPE_CHECKING:  # transformer.py builds on this package's modules: named for annotations only
+    from .transformer import Transformer
 
 ONES = ("norm.weight", "q_weight", "k_weight")
 ZEROS = ("attn_sink", "gate.bias", "gate.bias_vl")
@@ -14,7 +18,7 @@ ZEROS = ("attn_sink", "gate.bias", "gate.bias_vl")
 RESIDUAL_OUT = ("attn.wo_b.weight", ".w2.weight")
 
 
-def init_weights(model, seed: int) -> None:
+def init_weights(model: Transformer, seed: int) -> None:
     """Fill every parameter from its own generator (seeded by `seed` and the tensor name), so the
     values do not depend on dtype, device or on which other tensors exist."""
     if model.device.type == "meta":

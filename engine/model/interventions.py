@@ -5,19 +5,20 @@ from collections.abc import Iterable
 
 import torch
 
-from ..spec.interventions import Intervention, check_interventions
+from ..request.interventions import Intervention, check_interventions
+from ..spec.config import ModelArgs
 
 
 class Interventions:
-    """Checked interventions (engine.spec.interventions) with the lookups the model's modules make. Each lookup
+    """Checked interventions (engine.request.interventions) with the lookups the model's modules make. Each lookup
     takes the call's absolute positions [B, S] and returns a bool mask [B, S] of where the change applies, or None
     when no intervention of that kind names this layer (the module then runs as the reference, untouched)."""
 
-    def __init__(self, items: tuple[Intervention, ...] = ()):
+    def __init__(self, items: tuple[Intervention, ...] = ()) -> None:
         self.items = items
 
     @classmethod
-    def of(cls, items: "Interventions | Iterable[Intervention | str] | None", args) -> "Interventions":
+    def of(cls, items: Interventions | Iterable[Intervention | str] | None, args: ModelArgs) -> Interventions:
         """From checked items, or texts / Interventions checked against the config `args` (InputError)."""
         if isinstance(items, Interventions):
             return items

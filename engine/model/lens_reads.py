@@ -5,11 +5,16 @@ path)."""
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
+from .context import ForwardContext
 from .mhc import collapse
 from .norm import upcast
+
+if TYPE_CHECKING:  # the model reads its lens through this module: named for annotations only
+    from .transformer import Transformer
 
 # A V4 step keeps each layer's streams for the trace (hc·dim values each, where V4.1 keeps a collapse of dim) only up
 # to this many values per layer and token: 16 KB, a dim-4096 V4.1 collapse; wider V4 streams are read out layer by
@@ -22,7 +27,7 @@ def stream_rms(h: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(upcast(h), dim=-1) * h.size(-1) ** -0.5
 
 
-def streams_readout(model, streams: torch.Tensor) -> torch.Tensor:
+def streams_readout(model: Transformer, streams: torch.Tensor) -> torch.Tensor:
     """V4's read-out of recorded streams [n, hc, dim] → [n, dim]: its learned hc_head, then the final norm (the
     trace calls it with one row at a time, the shapes of a one-token step's read-out)."""
     return model.readout(streams.unsqueeze(1), None).squeeze(1)
@@ -34,7 +39,7 @@ class LensReads:
     finish(), which hands them all over in a few ops instead of about ten per layer: V4.1's collapsed (one op for
     all layers), V4's as they are (its hc_head and final norm run when the trace is read; KEPT_STREAM_VALUES)."""
 
-    def __init__(self, model, n_tokens: int, ctx):   # n_tokens: B·S
+    def __init__(self, model: Transformer, n_tokens: int, ctx: ForwardContext) -> None:   # n_tokens: B·S
         self.model = model
         a = model.args
         self.batched = (n_tokens == 1 and ctx.hands_lens_unread() and model.dtype == torch.float32 and
@@ -44,7 +49,7 @@ class LensReads:
         self.last: tuple | None = None   # per layer: the last recorded layer's (h, read-out)
         self.rms: tuple | None = None    # per layer: the last streams' (h, RMS): a layer's input is the last output
 
-    def add(self, path: str, h_in: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, ctx) -> None:
+    def add(self, path: str, h_in: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, ctx: ForwardContext) -> None:
         """After a layer: its input and output streams h_in, h [B, S, hc, dim] and the pre h is read out with."""
         if not ctx.trace.wants_lens(path):
             return
@@ -56,7 +61,7 @@ class LensReads:
         ctx.trace.record_lens(path, rows, pos, x, self._rms(h_in), self._rms(h), self.model.lens_logits)
         self.last = (h, x)
 
-    def finish(self, h: torch.Tensor, pre: torch.Tensor, ctx) -> torch.Tensor:
+    def finish(self, h: torch.Tensor, pre: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The read-out of the last layer's streams h [B, S, hc, dim] (the logits' input), after the batched
         layers are recorded; where the lens read out that layer, its own read-out."""
         if not self.batched:

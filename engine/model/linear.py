@@ -12,7 +12,9 @@ class Linear(nn.Module):
     """y = x Wᵀ. `quantized` marks weights that are FP8/FP4 in the official checkpoint; for those,
     `act_quant` (set by the Transformer from EngineOptions) quantizes the input to FP8 first."""
 
-    def __init__(self, in_features: int, out_features: int, *, quantized: bool = False, dtype=None, device=None):
+    def __init__(self, in_features: int, out_features: int, *, quantized: bool = False,
+                 dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.quantized = quantized

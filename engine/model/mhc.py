@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.config import ModelArgs
 from .norm import upcast
 
 
@@ -61,7 +62,8 @@ class HCHead(nn.Module):
     that own one (the Transformer; the last V4 DSpark stage): `add_hc_head` puts the parameters on the owner
     under the checkpoint's flat names hc_head_fn [hc, hc·dim], hc_head_base [hc], hc_head_scale [1]."""
 
-    def add_hc_head(self, args, dtype=None, device=None) -> None:
+    def add_hc_head(self, args: ModelArgs, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> None:
         fp32 = torch.float64 if dtype == torch.float64 else torch.float32
         self.hc_head_fn = nn.Parameter(torch.zeros(args.hc_mult, args.hc_dim, dtype=fp32, device=device))
         self.hc_head_base = nn.Parameter(torch.zeros(args.hc_mult, dtype=fp32, device=device))

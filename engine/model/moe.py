@@ -6,13 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec.config import ModelArgs
 from ..spec.errors import InputError
 from ..spec.roles import family_roles
 from .linear import Linear
 from .norm import upcast
 
+Routing = tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # a gate's (weights, expert ids, chosen scores) [B, S, k]
 
-def route_weights(gate, chosen: torch.Tensor) -> torch.Tensor:
+
+def route_weights(gate: Gate | HashGate, chosen: torch.Tensor) -> torch.Tensor:
     """Routing weights from the unbiased scores of the chosen experts [N, k]: renormalised, times route_scale."""
     weights = chosen
     if gate.norm_topk and gate.topk > 1:
@@ -21,7 +24,8 @@ def route_weights(gate, chosen: torch.Tensor) -> torch.Tensor:
 
 
 class Gate(nn.Module):
-    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, n_experts: int, topk: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.topk, self.route_scale, self.temp = topk, args.route_scale, args.gate_temp
         self.norm_topk = args.norm_topk_prob
@@ -31,13 +35,14 @@ class Gate(nn.Module):
         if family_roles(args).vision_bias:  # V4.1 only: image tokens select with their own bias
             self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
 
-    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, steer: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None,
+                steer: torch.Tensor | None = None) -> Routing:
         """x [N, dim] → (weights [N, k], ids [N, k], raw scores of the chosen [N, k]). steer [N, E]: interventions
         (engine.model.interventions), −inf bans an expert from the selection and +inf forces it in."""
         logits = F.linear(upcast(x), upcast(self.weight)) / self.temp
         return self.route(F.softplus(logits).sqrt(), vision, steer)        # "sqrtsoftplus", fp32
 
-    def route(self, scores: torch.Tensor, vision: torch.Tensor | None, steer: torch.Tensor | None):
+    def route(self, scores: torch.Tensor, vision: torch.Tensor | None, steer: torch.Tensor | None) -> Routing:
         """scores [N, E] → (weights, ids, chosen scores) [N, k]: the top-k of scores + bias, steered."""
         bias = self.bias if vision is None else torch.where(vision.unsqueeze(-1), self.bias_vl, self.bias)
         selection = scores + bias                                            # the bias only selects
@@ -52,14 +57,15 @@ class HashGate(nn.Module):
     """V4 hash routing (spec §11, the first n_hash_layers layers): a fixed table `tid2eid` [vocab, k] names each
     token id's experts; the learned weight only scores them (the same sqrt-softplus weights as Gate, no bias)."""
 
-    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None):
+    def __init__(self, args: ModelArgs, n_experts: int, topk: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.topk, self.route_scale, self.temp = topk, args.route_scale, args.gate_temp
         self.norm_topk = args.norm_topk_prob
         self.weight = nn.Parameter(torch.empty(n_experts, args.dim, dtype=dtype, device=device))
         self.register_buffer("tid2eid", torch.zeros(args.vocab_size, topk, dtype=torch.long, device=device))
 
-    def forward(self, x: torch.Tensor, tokens: torch.Tensor):
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> Routing:
         """x [N, dim], tokens [N] ids → (weights [N, k], ids [N, k], raw scores of the chosen [N, k])."""
         logits = F.linear(upcast(x), upcast(self.weight)) / self.temp
         scores = F.softplus(logits).sqrt()
@@ -71,7 +77,8 @@ class HashGate(nn.Module):
 class Expert(nn.Module):
     """SwiGLU FFN; the up branch is clamped to ±limit, the gate branch from above only."""
 
-    def __init__(self, dim: int, inter: int, limit: float, dtype=None, device=None):
+    def __init__(self, dim: int, inter: int, limit: float, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.limit = limit
         self.w1 = Linear(dim, inter, quantized=True, dtype=dtype, device=device)
@@ -91,7 +98,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, weights: torch.Te
 
 
 class MoE(nn.Module):
-    def __init__(self, args, n_experts: int, topk: int, dtype=None, device=None, hash_routed: bool = False):
+    def __init__(self, args: ModelArgs, n_experts: int, topk: int, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None,
+                 hash_routed: bool = False) -> None:
         super().__init__()
         self.n_experts, self.topk, self.limit = n_experts, topk, args.swiglu_limit
         self.hash_routed = hash_routed
@@ -101,7 +110,7 @@ class MoE(nn.Module):
         self.shared_experts = Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None, tokens: torch.Tensor | None = None,
-                steer: torch.Tensor | None = None):
+                steer: torch.Tensor | None = None) -> tuple[torch.Tensor, Routing]:
         """x [B, S, dim], vision [B, S] (image tokens), tokens [B, S] (ids; a hash-routed MoE needs them), steer
         [B, S, E] (interventions' banned / forced experts, see Gate) → (y [B, S, dim], (weights, ids, scores) each
         [B, S, k])."""

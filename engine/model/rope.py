@@ -6,6 +6,7 @@ import math
 import torch
 from torch import nn
 
+from ..spec.config import ModelArgs
 from .norm import upcast
 
 
@@ -28,7 +29,8 @@ def rope_frequencies(rope_dim: int, base: float, original_seq_len: int, factor: 
 class Rotary(nn.Module):
     """One layer's rotation: base 10000 without YaRN for window-only layers, compress base + YaRN otherwise."""
 
-    def __init__(self, rope_dim: int, base: float, yarn: bool, args, device=None):
+    def __init__(self, rope_dim: int, base: float, yarn: bool, args: ModelArgs,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.rope_dim = rope_dim
         self.key = (rope_dim, base, yarn)  # layers with equal keys rotate identically

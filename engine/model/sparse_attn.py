@@ -7,7 +7,8 @@ from .norm import upcast
 
 
 def sparse_attn(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor, scale: float,
-                *, query_block: int = 256, return_probs: bool = False):
+                *, query_block: int = 256,
+                return_probs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, S, H, D], kv [B, N, D], sink [H], idx [B, S, K] int64 → out [B, S, H, D] in q's dtype.
 
     p_j = e^{l_j} / (Σ_j e^{l_j} + e^{sink_h}) over the listed rows, l = (q·kv)·scale; the sink is not
@@ -42,7 +43,8 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torc
     return (out, torch.cat(probs, 1), torch.cat(sinks, 1)) if return_probs else out
 
 
-def sparse_attn_reference(q, kv, sink, idx, scale):
+def sparse_attn_reference(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor,
+                          scale: float) -> torch.Tensor:
     """Slow loop over (batch, query, head): the definition the vectorised version is tested against."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     for b in range(q.size(0)):

@@ -2,21 +2,24 @@
 head."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..request.interventions import Intervention
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
 from ..spec.roles import family_roles
 from .block import Block
-from .cache import ModelCache
+from .cache import ModelCache, Rows
 from .context import ForwardContext
 from .draft import DraftStage, MTPStage
 from .engram import DEAD, NgramRows
+from .indexer_loss import IndexerLoss
 from .interventions import Interventions
 from .lens_reads import LensReads
 from .linear import Linear
@@ -25,6 +28,8 @@ from .moe import MoE
 from .norm import RMSNorm
 from .options import EngineOptions
 
+if TYPE_CHECKING:  # the trace records what the model computes: named for annotations only
+    from ..trace import Trace
 
 class ForwardOutput(NamedTuple):
     """What a forward returns: logits [B, V] or [B, S, V] (fp32; float64 for a float64 model) and taps
@@ -37,8 +42,9 @@ class Transformer(HCHead):
     """Both families on one code path; what differs is read from the roles (engine.spec.roles): per layer
     (compression, KV and index sources, hash routing, Engram) and per family (single-pass mHC or V4's hc_head)."""
 
-    def __init__(self, args: ModelArgs, token_map: np.ndarray | None = None, *, dtype=torch.float32,
-                 device="cpu", options: EngineOptions | None = None):
+    def __init__(self, args: ModelArgs, token_map: np.ndarray | torch.Tensor | None = None, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 options: EngineOptions | None = None) -> None:
         super().__init__()
         self.args, self.options = args, options or EngineOptions()
         self.family = family_roles(args)
@@ -73,7 +79,7 @@ class Transformer(HCHead):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def set_token_map(self, token_map) -> None:
+    def set_token_map(self, token_map: np.ndarray | torch.Tensor | None) -> None:
         """The Engram compressed-token map (spec §4.4.1): int array, one compressed id per token id."""
         a = np.asarray(token_map)
         if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
@@ -104,9 +110,10 @@ class Transformer(HCHead):
         return ModelCache(self, batch_size, max_seq_len or self.args.max_seq_len, self.margin)
 
     # ---- forward ----------------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows=None, trace=None,
-                logits: str = "last", image_mask: torch.Tensor | None = None,
-                indexer_loss=None, interventions=None) -> ForwardOutput:
+    def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows: Rows | None = None,
+                trace: Trace | None = None, logits: str = "last", image_mask: torch.Tensor | None = None,
+                indexer_loss: IndexerLoss | None = None,
+                interventions: Interventions | Iterable[Intervention | str] | None = None) -> ForwardOutput:
         """tokens [B, S] → ForwardOutput: logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a
         float64 model), and taps, main_hidden [B, S, n_taps·dim] (mean over streams of the residual entering
         each DSpark target layer; None without DSpark).
@@ -115,7 +122,7 @@ class Transformer(HCHead):
         a stateless forward from position 0. With bounded_replay and S > window, "all" logits and taps
         cover only the last window positions. indexer_loss: an IndexerLoss that collects the indexer's
         auxiliary loss (training; the outputs do not change). interventions: what-if changes (an Interventions,
-        or Intervention items / texts checked against the config; engine.spec.interventions), at absolute positions.
+        or Intervention items / texts checked against the config; engine.request.interventions), at absolute positions.
         """
         tokens = self.check_tokens(tokens)
         if logits not in ("last", "all"):
@@ -146,7 +153,8 @@ class Transformer(HCHead):
         cache.advance(row_ids, S)
         return out
 
-    def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext, engram, logits: str = "last") -> ForwardOutput:
+    def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext,
+                   engram: tuple[torch.Tensor, torch.Tensor] | None, logits: str = "last") -> ForwardOutput:
         """The device part of forward: tokens [B, S] on the model's device, a prepared context and the
         hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → ForwardOutput.
         Reads and writes ctx.cache's tensors in place; touches none of the host bookkeeping (pos, history).
@@ -189,7 +197,7 @@ class Transformer(HCHead):
         return self.norm(self.hc_head(h) if self.family.hc_head else collapse(h, pre))
 
     # ---- logit lens -------------------------------------------------------------------------------
-    def records_lens(self, trace) -> bool:
+    def records_lens(self, trace: object | None) -> bool:
         """Whether this forward may record the logit lens (at each layer where trace.wants_lens; see
         engine.model.lens_reads): with a trace that takes it (a stand-in without wants_lens does not), and a head
         that is this process's own. Under torch.distributed the vocabulary-parallel head gathers across ranks, a
@@ -207,7 +215,7 @@ class Transformer(HCHead):
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         return F.linear(x.to(out_dtype), self.head.weight.to(out_dtype))
 
-    def check_tokens(self, tokens) -> torch.Tensor:
+    def check_tokens(self, tokens: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2:
             raise InputError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
@@ -220,7 +228,8 @@ class Transformer(HCHead):
                              f"{int(tokens.min())}..{int(tokens.max())}")
         return tokens.long()
 
-    def engram_rows(self, tokens, image_mask, cache, rows, positions):
+    def engram_rows(self, tokens: torch.Tensor, image_mask: torch.Tensor | None, cache: ModelCache, rows: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Record this call's compressed ids in the rows' history and hash every Engram column."""
         if self.ngram is None:
             return None

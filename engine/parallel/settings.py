@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import torch
 
+from ..request import GenerationRequest
 from ..spec.errors import InputError
 from .comm import broadcast_json
+from .world import World
 
 
-def lockstep_settings(kwargs: dict, world) -> dict:
-    """The keywords of Engine.generate for a sharded model. Every rank runs the same loop and must take the
+def lockstep_settings(request: GenerationRequest, world: World) -> GenerationRequest:
+    """The request Engine.generate runs on a sharded model. Every rank runs the same loop and must take the
     same branch at every step: CUDA graphs are refused (single-process for now), and an unseeded sampling run
     gets rank 0's random seed, so that every rank draws the same tokens."""
-    if kwargs.get("cuda_graphs") or kwargs.get("compiled"):
+    if request.graphed:
         raise InputError("cuda_graphs / compiled: graphed decoding runs in one process for now; a torchrun launch "
                          "decodes eagerly")
-    if kwargs.get("seed") is None and float(kwargs.get("temperature", 0.0)) > 0:
+    if request.sampling.seed is None and not request.sampling.greedy:
         seed = broadcast_json(int(torch.randint(0, 2**31 - 1, ())), world.group, "the sampling seed", world.device)
-        kwargs = {**kwargs, "seed": seed}
-    return kwargs
+        request = request.with_sampling(seed=seed)
+    return request

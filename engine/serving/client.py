@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client
 from pathlib import Path
 
 from ..checkpoint.store import id_map_beside
 from ..generation import Engine, GenerationResult, StepInfo
+from ..generation.results import OnToken
+from ..request import GenerationRequest
 from ..spec.config import config_from_dict
 from ..spec.errors import InputError
 from ..text.byte_fallback import ByteFallbackTokenizer
 from ..text.tokenizer import load_tokenizer
 from ..trace import Trace
-from .protocol import DEFAULT_PORT, authkey, budget_to_json, receive, result_from_json, send
+from .protocol import DEFAULT_PORT, authkey, budget_to_json, receive, result_from_json, send, settings_to_json
 
 ADDRESS_ENV = "V41VIZ_ENGINE"   # host:port of a running service; the app attaches to it when this is set
 
@@ -58,20 +60,22 @@ class RemoteEngine(Engine):
                 if on_message is not None:
                     on_message(reply)
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, dspark=None, trace: Trace | None = None,
-                 on_token=None, token_text=None, **settings) -> GenerationResult:
-        """Engine.generate in the service (settings: temperature, top_k, top_p, seed, stop_tokens, cuda_graphs).
-        Tokens stream to on_token as they are made; the service labels the trace with its own tokenizer."""
-        request = {"op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
-                   "max_new_tokens": int(max_new_tokens), "settings": settings, "dspark": None, "trace": None}
+    def generate(self, prompts: Sequence[Sequence[int]], request: GenerationRequest, *,
+                 on_token: OnToken | None = None, token_text: Callable[[int], str] | None = None) -> GenerationResult:
+        """Engine.generate in the service. Tokens stream to on_token as they are made; the service labels the trace
+        with its own tokenizer (token_text is not used)."""
+        dspark, trace = request.dspark, request.trace
+        message = {"op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
+                   "max_new_tokens": request.max_new_tokens, "settings": settings_to_json(request), "dspark": None,
+                   "trace": None}
         if dspark is not None:
-            request["dspark"] = {"schedule": dspark.schedule, "threshold": dspark.threshold,
+            message["dspark"] = {"schedule": dspark.schedule, "threshold": dspark.threshold,
                                  "early_stop": dspark.early_stop, "confidence_temperature": dspark.confidence_temperature}
         path = None
         if trace is not None:
             fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="v41viz-trace-")
             os.close(fd)
-            request["trace"] = {"budget": budget_to_json(trace.budget), "meta": trace.meta, "path": path}
+            message["trace"] = {"budget": budget_to_json(trace.budget), "meta": trace.meta, "path": path}
 
         def on_message(reply: dict) -> None:
             if on_token is not None:
@@ -79,7 +83,7 @@ class RemoteEngine(Engine):
                 on_token(row, token, StepInfo(**info))
 
         try:
-            done = self.request(request, on_message)
+            done = self.request(message, on_message)
             steps = []
             if trace is not None:
                 recorded = Trace.load(path)

@@ -12,7 +12,7 @@ from ..parallel.comm import broadcast_json
 from ..parallel.world import DistributedError, World
 from ..spec.errors import EngineError, InputError
 from ..trace import Trace
-from .protocol import authkey, budget_from_json, receive, result_to_json, send, step_info_to_json
+from .protocol import authkey, budget_from_json, receive, request_from_json, result_to_json, send, step_info_to_json
 
 # Ranks other than 0 wait for the next request inside a broadcast; between requests that may take hours, so
 # requests travel over a group of their own whose timeout only bounds a wait for a rank that died silently
@@ -101,8 +101,8 @@ def run_request(engine: Engine, request: dict, replies: Replies, main: bool) -> 
             temps = spec.get("confidence_temperature")
             dspark = DSparkConfig(spec["schedule"], threshold=spec["threshold"], early_stop=spec["early_stop"],
                                   confidence_temperature=None if temps is None else tuple(temps))
-        result = engine.generate(request["prompts"], max_new_tokens=request["max_new_tokens"], dspark=dspark,
-                                 trace=trace, on_token=replies.token if main else None, **request["settings"])
+        result = engine.generate(request["prompts"], request_from_json(request, dspark, trace),
+                                 on_token=replies.token if main else None)
         if trace is not None and main:
             trace.save(request["trace"]["path"])
     except DistributedError:

@@ -1,14 +1,22 @@
 """Model tensors as host numpy arrays: CPU tensors as views, GPU tensors by one non-blocking pinned copy per record."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:  # the trace loads without torch: a recorded tensor is the caller's
+    import torch
 
-def on_gpu(t) -> bool:
+    Array = torch.Tensor | np.ndarray   # what the recording methods take: a model tensor or a host array
+
+
+def on_gpu(t: Array) -> bool:
     return getattr(getattr(t, "device", None), "type", "cpu") != "cpu"  # (a numpy array's device is the str "cpu")
 
 
-def host_view(t) -> np.ndarray:
+def host_view(t: Array | Sequence) -> np.ndarray:
     """A CPU tensor, array or nested list as a numpy array, without a copy where possible: the caller copies it
     into its own storage at once (the model may reuse its buffers). bf16/fp16 become fp32, which holds them exactly."""
     try:
@@ -26,7 +34,7 @@ class StagedCopy:
     """GPU tensors converted to the given dtypes and copied to one pinned host buffer by one non-blocking copy;
     arrays() waits for that copy and views the buffer (so recording never waits for the GPU)."""
 
-    def __init__(self, tensors, dtypes):
+    def __init__(self, tensors: Sequence[Array], dtypes: Sequence[str]) -> None:
         import torch  # only GPU tensors get here
         to_torch = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
         parts, offset = [], 0

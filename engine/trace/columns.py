@@ -1,11 +1,16 @@
 """FactColumns: one (kind, path, site)'s records as preallocated, growable numpy columns (row, pos, one per field)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .field_column import FieldColumn
 from .records import arrays_equal
 from .slots import CallTokens
+
+if TYPE_CHECKING:  # tensors come from the model's side: named for annotations only
+    from .arrays import Array
 
 FIRST_CAPACITY = 64  # entries; capacity doubles when full
 
@@ -13,7 +18,7 @@ FIRST_CAPACITY = 64  # entries; capacity doubles when full
 class FactColumns:
     """The records of one (kind, path, site): entries in arrival order, at most one per (row, pos)."""
 
-    def __init__(self, where: str, fields: dict[str, object]):
+    def __init__(self, where: str, fields: dict[str, object]) -> None:
         self.where = where  # "record_moe(layers.3.ffn)": names the call in errors
         self.n = 0
         self.capacity = FIRST_CAPACITY
@@ -104,7 +109,7 @@ class FactColumns:
         self.n = n + 1
         self._index = None
 
-    def append(self, rows, pos: np.ndarray, values: list[np.ndarray], lead: int = 1,
+    def append(self, rows: Array, pos: np.ndarray, values: list[np.ndarray], lead: int = 1,
                lengths: dict[int, np.ndarray] | None = None) -> None:
         """m new entries: rows [m], pos [m], one [m, *tail] array per field (lead=2: [1, m, *tail]). The (row, pos)
         pairs must be new. lengths[f]: field f's entries are 1-D of these lengths, values [m, w] padded."""

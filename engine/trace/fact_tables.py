@@ -1,6 +1,8 @@
 """The fact tables built from a Trace's columns, whole columns at a time (what tables.py builds record by record)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..spec.errors import InputError
@@ -10,7 +12,8 @@ from .records import FACT_FIELDS
 TABLE_NAMES = {"moe": ("expert", "weight", "score", "vision")}
 
 
-def fact_table(table: str, blocks: list, keys: dict[str, str], values: dict[str, str], pad: dict, names):
+def fact_table(table: str, blocks: list, keys: dict[str, str], values: dict[str, str], pad: dict,
+               names: Callable[[str, tuple[int, ...]], list[str]]) -> tuple[dict, dict] | None:
     """(columns, schema) of a fact table from Trace.fact_columns blocks, or None where the record-by-record path
     must build it (no records; moe slots whose count varies). keys/values: the table's KEYS and VALUES; pad:
     the padding of ragged fields per dtype; names(field, shape): a field's flat column names."""

@@ -11,7 +11,7 @@ class FieldColumn:
     shape; once shapes differ (an index list that grows), `shapes` [capacity, ndim] holds each entry's own
     shape and `buf` is padded to the widest (the padding is never read)."""
 
-    def __init__(self, name: str, dtype):
+    def __init__(self, name: str, dtype: np.dtype | str) -> None:
         self.name, self.dtype = name, np.dtype(dtype)
         self.buf: np.ndarray | None = None
         self.shapes: np.ndarray | None = None
@@ -79,7 +79,7 @@ class FieldColumn:
         self.shapes[i] = tail
         return True
 
-    def value(self, i: int):
+    def value(self, i: int) -> np.ndarray | np.generic:
         """Entry i as a view (a numpy scalar for a scalar field), at its own shape."""
         if self.shapes is None:
             return self.buf[i]

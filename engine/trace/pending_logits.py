@@ -1,7 +1,12 @@
 """PendingLogits: generated tokens' logits held in one block until their records are read, then resolved together."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .records import TokenRecord
+
+if TYPE_CHECKING:  # the logits are the model's: named for annotations only
+    import torch
 
 # the block's size: 16 MiB of fp32 logits (1,298 rows of a 3,229-id vocabulary, 32 of 129,280)
 PENDING_BYTES = 16 * 2**20
@@ -15,11 +20,11 @@ class PendingLogits:
     block is full or a token record is read. The block holds PENDING_BYTES, so its memory is bounded whatever the
     run's length; its pages are touched only as rows are written."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.block = None              # torch.Tensor [rows, V] fp32 on the logits' device, made at first use
         self.records: list[TokenRecord] = []
 
-    def add(self, record: TokenRecord, logits, k: int) -> None:
+    def add(self, record: TokenRecord, logits: torch.Tensor, k: int) -> None:
         """Keep logits [V] (or [1, V]) for record; its top-k (k) and log-probability are set when resolved."""
         row = logits.detach().reshape(-1)
         block = self.block

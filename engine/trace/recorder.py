@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +15,11 @@ from .records import MHC_SITES, PENDING_KIND_OF, RECORDED_DTYPES, RECORDED_FIELD
 from .seams import MIX_KIND, derives_later, packed_mix, post_comb, seam_values, stochastic_errors
 from .slots import CallTokens, TokenSlots
 from .step_records import StepRecords
+
+if TYPE_CHECKING:  # tensors come from the model's side: named for annotations only
+    import torch
+
+    from .arrays import Array
 
 NO_VISION = np.zeros((1, 1), bool)  # the vision mask of a one-token call without one (the columns copy it)
 NO_VISION.flags.writeable = False
@@ -30,7 +37,7 @@ class FactRecorder:
     non-blocking copy per call), except a decode step's one-token calls after its first: those are kept as they
     are and stacked when the step ends (StepRecords), one copy per kind and field for the step."""
 
-    def __init__(self, budget: TraceBudget | None = None):
+    def __init__(self, budget: TraceBudget | None = None) -> None:
         self.budget = budget or TraceBudget()
         self.omitted: Counter[str] = Counter()
         self._columns: dict[tuple[str, str, str], FactColumns] = {}   # (kind, path, site) -> its records
@@ -43,14 +50,16 @@ class FactRecorder:
         self._wants: dict[tuple[str, str], bool] = {}   # (kind, path) -> whether the budget records it
 
     # ---- what the model calls -------------------------------------------------------------
-    def record_moe(self, path, rows, positions, ids, weights, scores, vision=None) -> None:
+    def record_moe(self, path: str, rows: Array, positions: Array, ids: Array, weights: Array, scores: Array,
+                   vision: Array | None = None) -> None:
         if vision is None:
             vision = NO_VISION if positions.shape == (1, 1) else np.zeros(tuple(ids.shape[:2]), bool)
         values = (ids, weights, scores, vision)
         if not self._defer(("moe", path, ""), rows, positions, values) and not self._skipped("moe", path, positions):
             self._record("moe", path, "", rows, positions, values)
 
-    def record_mhc(self, path, site, rows, positions, pre, post, comb, row_err=None, col_err=None) -> None:
+    def record_mhc(self, path: str, site: str, rows: Array, positions: Array, pre: Array, post: Array, comb: Array,
+                   row_err: Array | None = None, col_err: Array | None = None) -> None:
         """One mHC seam: pre, post [B, S, hc], comb [B, S, hc, hc]; row_err, col_err [B, S], comb's largest
         |row sum − 1| and |column sum − 1|. Left out (as the model does), they are derived from comb: for an fp32
         host comb when the trace is read, for all its records at once (engine.trace.seams), else now."""
@@ -61,7 +70,7 @@ class FactRecorder:
             row_err, col_err = stochastic_errors(comb)
         self._record_mhc("mhc", path, site, rows, positions, (pre, post, comb, row_err, col_err))
 
-    def record_mhc_mix(self, path, site, rows, positions, pre, mix) -> None:
+    def record_mhc_mix(self, path: str, site: str, rows: Array, positions: Array, pre: Array, mix: Array) -> None:
         """One mHC seam as the fused seam holds it (engine.speedups.fast_mhc.Seam): pre [B, S, hc] and mix
         [B, S, hc, hc + 1] = [combᵀ | post]; post, comb and the residuals come out when the trace is read (now
         where mix is not an fp32 host tensor, as record_mhc does)."""
@@ -75,7 +84,8 @@ class FactRecorder:
         if not self._defer((kind, path, site), rows, positions, values) and not self._skipped("mhc", path, positions):
             self._record(kind, path, site, rows, positions, values)
 
-    def record_engram(self, path, rows, positions, compressed_ids, row_ids, gates) -> None:
+    def record_engram(self, path: str, rows: Array, positions: Array, compressed_ids: Array, row_ids: Array,
+                      gates: Array) -> None:
         values = (compressed_ids, row_ids, gates)
         if not self._defer(("engram", path, ""), rows, positions, values) and \
                 not self._skipped("engram", path, positions):
@@ -89,7 +99,8 @@ class FactRecorder:
             wanted = self._wants[("attention", path)] = chosen and self.budget.keeps_layer(path)
         return wanted
 
-    def record_attention(self, path, rows, positions, topk, window_mass, compressed_mass, sink_mass) -> None:
+    def record_attention(self, path: str, rows: Array, positions: Array, topk: Array, window_mass: Array,
+                         compressed_mass: Array, sink_mass: Array) -> None:
         if not self.wants_attention(path):
             return
         values = (topk, window_mass, compressed_mass, sink_mass)
@@ -104,7 +115,9 @@ class FactRecorder:
             wanted = self._wants[("lens", path)] = self.budget.lens and self.budget.keeps_layer(path)
         return wanted
 
-    def record_lens(self, path, rows, positions, hidden, rms_in, rms_out, readout, finish=None) -> None:
+    def record_lens(self, path: str, rows: Array, positions: Array, hidden: Array, rms_in: Array, rms_out: Array,
+                    readout: Callable[[torch.Tensor], torch.Tensor],
+                    finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """The logit lens of one layer: hidden [B, S, dim], the layer's output streams read out the way the model
         reads out its last layer (collapse, final norm); rms_in, rms_out [B, S, hc], each hc stream's RMS entering
         and leaving the layer. readout(hidden [N, dim]) -> logits [N, V]: the model's head. The hidden states are
@@ -148,7 +161,7 @@ class FactRecorder:
         i = None if columns is None else columns.find(row, pos)
         return None if i is None else dict(zip(RECORDED_FIELDS[kind], columns.entry(i)))
 
-    def facts(self, kind: str):
+    def facts(self, kind: str) -> list[tuple[str, str, int, int, tuple]]:
         """Every record of a kind, ordered by (path depth, site, row, pos): (path, site, row, pos, fields)."""
         out = []
         for (_, path, site), columns in self._sorted(kind):
@@ -157,7 +170,7 @@ class FactRecorder:
                        zip(columns.rows[order].tolist(), columns.pos[order].tolist(), columns.entries(order)))
         return out
 
-    def fact_columns(self, kind: str):
+    def fact_columns(self, kind: str) -> list[tuple]:
         """facts(kind) as column blocks, one per (path, site) in the same order: (path, site, rows [m], pos [m],
         [(values [m, *width], per-entry shapes [m, ndim] or None when all have the width) per field])."""
         blocks = []

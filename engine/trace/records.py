@@ -159,7 +159,7 @@ def as_path(x: int | str) -> str:
     return f"layers.{x}" if isinstance(x, int) else x
 
 
-def arrays_equal(a, b) -> bool:
+def arrays_equal(a: object, b: object) -> bool:
     if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
         a, b = np.asarray(a), np.asarray(b)
         return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")

@@ -2,12 +2,17 @@
 Sinkhorn residuals, derived for all records at once instead of a few torch ops per call."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # tensors come from the model's side: named for annotations only
+    from .arrays import Array
 
 MIX_KIND = "mhc_mix"   # a seam recorded as (pre, mix) without its residuals, until the trace is read
 
 
-def derives_later(t) -> bool:
+def derives_later(t: Array) -> bool:
     """Whether residuals derived later from t's fp32 record are the bits the call would compute now: an fp32
     tensor or array on the host (another dtype or a GPU's reductions may round otherwise: derived at once)."""
     if isinstance(t, np.ndarray):
@@ -15,7 +20,7 @@ def derives_later(t) -> bool:
     return getattr(t, "is_cpu", False) and str(t.dtype) == "torch.float32"
 
 
-def stochastic_errors(comb):
+def stochastic_errors(comb: Array) -> tuple[Array, Array]:
     """comb [..., hc, hc] (a tensor, or an array) → (max |row sum − 1|, max |column sum − 1|) per matrix, each
     [...], in comb's dtype and on its device: engine.model.mhc.stochastic_error (imported here: torch loads only
     when a trace is read or recorded, not with this module)."""
@@ -28,14 +33,14 @@ def stochastic_errors(comb):
     return stochastic_error(comb)
 
 
-def post_comb(mix):
+def post_comb(mix: Array) -> tuple[Array, Array]:
     """mix [..., hc, hc + 1] = [combᵀ | post] (row e: column e of comb, then post_e) → (post [..., hc], comb
     [..., hc, hc]) as views (engine.speedups.fast_mhc.Seam's layout)."""
     comb_t = mix[..., :-1]
     return mix[..., -1], (comb_t.swapaxes(-1, -2) if isinstance(mix, np.ndarray) else comb_t.transpose(-1, -2))
 
 
-def packed_mix(post, comb):
+def packed_mix(post: Array, comb: Array) -> Array:
     """(post [..., hc], comb [..., hc, hc]) → mix [..., hc, hc + 1] = [combᵀ | post] (a new tensor or array)."""
     if isinstance(comb, np.ndarray):
         return np.concatenate([comb.swapaxes(-1, -2), np.asarray(post)[..., None]], -1)

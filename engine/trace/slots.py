@@ -13,7 +13,7 @@ class CallTokens:
     __slots__ = ("rows", "positions", "keep", "refused", "flat_rows", "flat_pos", "spans", "ordered", "direct",
                  "single")
 
-    def __init__(self, rows: list[int], positions: np.ndarray, keep: np.ndarray | None, refused: int):
+    def __init__(self, rows: list[int], positions: np.ndarray, keep: np.ndarray | None, refused: int) -> None:
         b, s = positions.shape
         self.rows, self.positions, self.keep, self.refused = rows, positions, keep, refused
         self.direct = b == 1 and keep is None
@@ -32,7 +32,7 @@ class CallTokens:
 class TokenSlots:
     """The token slots a Trace keeps facts for. Every record call asks admit() about its [B, S] tokens."""
 
-    def __init__(self, max_tokens: int | None):
+    def __init__(self, max_tokens: int | None) -> None:
         self.max_tokens = max_tokens
         self.by_row: dict[int, set[int]] = {}   # every row asked about (kept even when it holds no slot)
         self.count = 0

@@ -15,7 +15,7 @@ class StepRecords:
     numpy calls per record and field between the model's ops. The values must stay as they are until then (the
     token record, the next forward, a rollback or any read): the engine's model makes new tensors for them."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.kept: dict[str, tuple[list, list]] = {}   # kind -> ([key], [values]) in arrival order
         self.tables: dict[str, StepTable] = {}          # kind -> the rows of its steps so far
         self.untabled: set[str] = set()                 # kinds written record by record (their values do not stack)

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the recorder hands its rows on to the columns: named for annotations only
+    from .columns import FactColumns
 
 FIRST_STEPS = 64  # rows; capacity doubles when full
 
@@ -15,7 +20,7 @@ class StepTable:
     index list whose length changes step by step) is copied record by record into [steps, k, width] with its
     lengths beside. drain() moves the rows into the FactColumns, one copy per key and field."""
 
-    def __init__(self, keys: tuple, dtypes: tuple, first: list[tuple], ragged: tuple[int, ...] = ()):
+    def __init__(self, keys: tuple, dtypes: tuple, first: list[tuple], ragged: tuple[int, ...] = ()) -> None:
         """keys: the step's (kind, path, site) in record order; first: the first step's values, per key; ragged:
         the fields that are 1-D lists of any length."""
         k = len(keys)
@@ -59,7 +64,7 @@ class StepTable:
         self.n = n + 1
         return True
 
-    def drain(self, columns_for) -> None:
+    def drain(self, columns_for: Callable[[str, str, str], FactColumns]) -> None:
         """Hand every row to the FactColumns (columns_for(kind, path, site)) and empty the table."""
         n = self.n
         if not n:

@@ -60,7 +60,8 @@ class TraceReader(Protocol):
     def tokens(self, row: int = 0) -> list[TokenRecord]: ...
 
 
-def build_tables(trace: TraceReader, only: str | None = None) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+def build_tables(trace: TraceReader, only: str | None = None) -> tuple[dict[str, dict[str, np.ndarray]], dict[str,
+                 Any]]:
     """(tables, header): tables[name][column] are 1-D arrays; header holds budget, meta, omitted and shapes."""
     names = TABLES if only is None else (only,)
     if only is not None and only not in TABLES:

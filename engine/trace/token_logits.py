@@ -3,6 +3,8 @@ tokens at once (engine.trace.pending_logits batches them; torch is imported by t
 logits)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -34,7 +36,8 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return top.values, torch.cat([ids, tail], -1).gather(-1, top.indices)
 
 
-def predicted_rows(logits: torch.Tensor, token_ids, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def predicted_rows(logits: torch.Tensor, token_ids: Sequence[int] | np.ndarray, k: int) -> tuple[np.ndarray,
+                   np.ndarray, np.ndarray, np.ndarray]:
     """logits [N, V] (any float dtype, any device) and the N tokens they predicted → (each token's log-probability
     [N] float64, NaN for an id outside the vocabulary; the top-k ids int64, logits fp32 and probabilities fp32
     [N, min(k, V)]), from one log-softmax over the rows."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from .recorder import FactRecorder
 from .records import MHC_SITES, DSparkStep, TokenRecord, TraceBudget, path_order
 from .tables import TraceFormatError, build_tables
 
+if TYPE_CHECKING:  # the trace loads without torch: the logits are the model's
+    import torch
+
 
 class Trace(FactRecorder):
     """Records facts during forward/generate. Pass it explicitly; with no trace nothing is recorded.
@@ -22,7 +25,7 @@ class Trace(FactRecorder):
     The model's per-token facts go into numpy columns (FactRecorder); generation adds the tokens (with top-k
     logits) and the DSpark steps. The tables, files and queries read them."""
 
-    def __init__(self, budget: TraceBudget | None = None, meta: dict[str, Any] | None = None):
+    def __init__(self, budget: TraceBudget | None = None, meta: dict[str, Any] | None = None) -> None:
         super().__init__(budget)
         self.meta: dict[str, Any] = dict(meta or {})
         self._tokens: dict[int, dict[int, TokenRecord]] = {}
@@ -31,7 +34,7 @@ class Trace(FactRecorder):
 
     @property
     def interventions(self) -> list[str]:
-        """The run's interventions as canonical texts (engine.spec.interventions), as generation wrote them into
+        """The run's interventions as canonical texts (engine.request.interventions), as generation wrote them into
         meta["interventions"]; [] for a run without any, or a trace older than the key."""
         return [str(text) for text in self.meta.get("interventions") or ()]
 
@@ -40,7 +43,7 @@ class Trace(FactRecorder):
         for i, (tid, text) in enumerate(zip(token_ids, texts, strict=True)):
             self._tokens.setdefault(row, {})[start_pos + i] = TokenRecord(row, start_pos + i, int(tid), text, False)
 
-    def record_prompt_logits(self, row: int, start_pos: int, logits) -> None:
+    def record_prompt_logits(self, row: int, start_pos: int, logits: torch.Tensor) -> None:
         """Teacher-forced logits [L, V] of a recorded prompt at positions start_pos..start_pos+L-1: row j is the
         model's prediction of the prompt token at start_pos + j + 1, which gets its top-k and log-probability."""
         tokens = self._tokens.get(row, {})
@@ -52,7 +55,7 @@ class Trace(FactRecorder):
         set_predicted(list(scored.values()), logits[list(scored)], self.budget.top_k_logits)
 
     def record_token(self, row: int, pos: int, token_id: int, text: str, *, step: int, step_time_s: float,
-                     logits=None) -> None:
+                     logits: torch.Tensor | None = None) -> None:
         """A generated token at `pos`; `logits` [V] (the distribution it was drawn from) gives the top-k and the
         token's log-probability (worked out for many tokens at once, when a token record is read)."""
         self._end_step()  # once per step: the step's records are written (GPU ones: their pinned memory freed)

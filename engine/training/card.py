@@ -16,7 +16,7 @@ from ..accounting.accounting import account
 from ..bench.machine import machine_description
 from ..checkpoint.files import checkpoint_files
 from ..generation import Engine
-from ..spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from ..request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from ..spec.errors import InputError, MissingFileError
 from ..text.vocab import ID_MAP_NAME, IdMap
 from ..trace import Trace, TraceBudget

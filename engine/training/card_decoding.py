@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
 
+from ..dspark.config import DSparkConfig
 from ..dspark.metrics import summarize
-from ..generation import DSparkConfig
+from ..request import GenerationRequest
 from .text_quality import REPEAT_N, measure_ids, pooled
 
 PROMPTS = ("ROMEO:", "JULIET:", "To be, or not to be", "KING HENRY:")  # the samples' prompts (fixed, any style)
@@ -21,8 +23,8 @@ def decoding_options(opts) -> dict:
 
 def measure_samples(engine, opts) -> dict:
     """Seeded samples at the card's sample temperature from the fixed PROMPTS."""
-    samples = engine.generate_text(list(PROMPTS), max_new_tokens=opts.new_tokens, seed=opts.seed,
-                                   temperature=opts.sample_temperature)
+    request = GenerationRequest.of(opts.new_tokens, seed=opts.seed, temperature=opts.sample_temperature)
+    samples = engine.generate_text(list(PROMPTS), request)
     return {"samples": [{"prompt": p, "text": t} for p, t in zip(PROMPTS, samples.texts)],
             "sample_settings": {"temperature": opts.sample_temperature, "seed": opts.seed,
                                 "max_new_tokens": opts.new_tokens}}
@@ -41,11 +43,13 @@ def rate(results) -> float:
 def compare_prompts(engine, ids: list[list[int]], temperature: float, extra: dict, opts) -> dict:
     """Plain and DSpark decoding of each prompt alone (batch 1, as `generate --prompt` runs), repeated with the
     order alternating (a busy machine slows both alike): the pooled row and one row per prompt."""
-    kw = dict(max_new_tokens=opts.new_tokens, seed=opts.seed, stop_tokens=(), temperature=temperature, **extra)
+    plain_request = GenerationRequest.of(opts.new_tokens, seed=opts.seed, stop_tokens=(), temperature=temperature,
+                                         **extra)
+    requests = {False: plain_request, True: replace(plain_request, dspark=DSparkConfig())}
     runs: dict[bool, list[list]] = {False: [], True: []}            # per repeat: one result per prompt
     for rep in range(opts.repeats):
         for spec in ((False, True) if rep % 2 == 0 else (True, False)):
-            runs[spec].append([engine.generate([p], dspark=DSparkConfig() if spec else None, **kw) for p in ids])
+            runs[spec].append([engine.generate([p], requests[spec]) for p in ids])
     plain, spark = runs[False][-1], runs[True][-1]                    # seeded: every repeat has the same tokens
     ratios = [rate(d) / rate(p) for p, d in zip(runs[False], runs[True])]  # one pooled pair per repeat
     plain_rate = statistics.median(rate(r) for r in runs[False])
@@ -73,7 +77,7 @@ def measure_dspark(engine, prompts: list[str], opts) -> dict | None:
     if not engine.args.has_dspark:
         return None
     ids = [engine.encode(p) for p in prompts]
-    engine.generate(ids[:1], max_new_tokens=2, stop_tokens=())       # warm-up
+    engine.generate(ids[:1], GenerationRequest.of(2, stop_tokens=()))       # warm-up
     out = {"prompts": list(prompts), "batch": 1, "repeats": opts.repeats, "new_tokens": opts.new_tokens,
            "threads": torch.get_num_threads()}
     for key, temperature, with_options in DSPARK_RUNS:
@@ -87,7 +91,7 @@ def greedy_quality(engine, prompts: list[str], new_tokens: int, known: set[str] 
     options (generate keywords): their pooled text-quality measures and one row per prompt, with its text.
     known: the training text's words (engine.training.text_quality.words_of), for the known-word share."""
     tok = engine.tokenizer
-    result = engine.generate([engine.encode(p) for p in prompts], max_new_tokens=new_tokens, **options)
+    result = engine.generate([engine.encode(p) for p in prompts], GenerationRequest.of(new_tokens, **options))
     rows = [{"prompt": p, **measure_ids(tok, ids, known), "text": tok.decode(ids)}
             for p, ids in zip(prompts, result.tokens)]
     return pooled(rows), rows

@@ -1,7 +1,7 @@
 """Model card text: MODEL_CARD.md and the README table, rendered from card.json alone."""
 from __future__ import annotations
 
-from ..spec.decoding_options import option_phrases
+from ..request.decoding import option_phrases
 
 
 def _f(x, digits: int = 3) -> str:

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ..model.sampling import MAX_SEED, check_repetition, check_sampling
+from ..request import GenerationRequest
+from ..request.sampling import MAX_SEED, check_repetition, check_sampling
 from ..spec.errors import InputError, MissingFileError
 
 FILE_FORMAT = "v41viz-continuations/1"
@@ -61,9 +62,10 @@ def make_continuations(engine, train: np.ndarray, spec: ContinuationSpec,
     for first in range(0, spec.sequences, spec.batch):
         chunk = starts[first:first + spec.batch]
         prompts = [train[s:s + spec.prompt_len].tolist() for s in chunk]
-        result = engine.generate(prompts, max_new_tokens=spec.new_tokens, stop_tokens=(),
-                                 temperature=spec.temperature, repetition_penalty=spec.repetition_penalty,
-                                 seed=draw_seeds[first:first + spec.batch].tolist())
+        request = GenerationRequest.of(spec.new_tokens, stop_tokens=(), temperature=spec.temperature,
+                                       repetition_penalty=spec.repetition_penalty,
+                                       seed=draw_seeds[first:first + spec.batch].tolist())
+        result = engine.generate(prompts, request)
         for i, (prompt, new) in enumerate(zip(prompts, result.tokens)):
             rows[first + i] = prompt + new
         if progress is not None:

@@ -203,7 +203,7 @@ def test_a_long_prompt_travels_as_a_short_id():
 
 
 def test_the_decoding_options_are_on_by_default_and_said_so_next_to_them():
-    from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+    from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
     at = inspect_page()
     assert at.number_input(key="inspect_repetition_penalty").value == SUGGESTED_REPETITION_PENALTY != 1
     assert at.number_input(key="inspect_no_repeat_ngram").value == SUGGESTED_NO_REPEAT_NGRAM

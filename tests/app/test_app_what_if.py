@@ -3,7 +3,7 @@ rerun with a banned expert checked against both traces, the engine's sentence fo
 once, and the rerun opened as the main run."""
 from __future__ import annotations
 
-from engine.spec.interventions import parse_intervention
+from engine.request.interventions import parse_intervention
 from tests.app.test_app_inspect import generate, inspect_page
 from v41viz.ui.page_links import LIVE_RUN
 from v41viz.ui.what_if import STATE

@@ -31,8 +31,8 @@ def test_each_mode_decodes_with_the_options_and_the_repeats_seed():
     script, calls = load_script(), []
 
     class Engine:
-        def generate(self, prompts, **kw):
-            calls.append(kw)
+        def generate(self, prompts, request):
+            calls.append(request)
             metrics = SimpleNamespace(mean_accepted_length=2.0, steps=3)
             return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=1)
 
@@ -40,9 +40,9 @@ def test_each_mode_decodes_with_the_options_and_the_repeats_seed():
     sampling = {"temperature": 0.7, "repetition_penalty": 1.3}
     plain = script.run(Engine(), [1, 2], "plain", configs, 8, False, sampling, seed=4)
     drafted = script.run(Engine(), [1, 2], "all", configs, 8, False, sampling, seed=4)
-    assert [c["seed"] for c in calls] == [4, 4] and [c["dspark"] for c in calls] == [None, configs["all"]]
-    assert all(c["temperature"] == 0.7 and c["repetition_penalty"] == 1.3 and c["max_new_tokens"] == 8
-               for c in calls)
+    assert [c.sampling.seed for c in calls] == [4, 4] and [c.dspark for c in calls] == [None, configs["all"]]
+    assert all(c.sampling.temperature == 0.7 and c.sampling.repetition_penalty == 1.3 and c.max_new_tokens == 8
+               and c.stop_tokens == () for c in calls)
     assert "accepted_length" not in plain and drafted["accepted_length"] == 2.0 and drafted["plain_steps"] == 1
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.request import GenerationRequest
 from tests.browser_helpers import settled
 
 # four browser sessions generating at once on Inspect, against serial engine runs [65 s at load average 5, 150 s at 8]
@@ -26,19 +27,18 @@ def serial_outputs() -> dict[str, str]:
     import torch
 
     from engine.generation import Engine
-    from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+    from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
     from v41viz.ui.engine_session import TORCH_THREADS
     threads = torch.get_num_threads()
     torch.set_num_threads(TORCH_THREADS)
     try:
         engine = Engine.load(checkpoint=DEFAULT)
         out = {}
+        request = GenerationRequest.of(MAX_NEW, temperature=0.0, repetition_penalty=SUGGESTED_REPETITION_PENALTY,
+                                       no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM)
         for prompt in PROMPTS:
             pieces: list[str] = []
-            engine.generate_text(prompt, max_new_tokens=MAX_NEW, temperature=0.0,
-                                 repetition_penalty=SUGGESTED_REPETITION_PENALTY,
-                                 no_repeat_ngram=SUGGESTED_NO_REPEAT_NGRAM,
-                                 on_text=lambda _row, piece: pieces.append(piece))
+            engine.generate_text(prompt, request, on_text=lambda _row, piece: pieces.append(piece))
             out[prompt] = "".join(pieces)
         return out
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from engine.request import GenerationRequest
 from tests.browser_helpers import FINISHED, STOPPED_BY_USER, open_inspect, settled
 
 pytestmark = pytest.mark.slow  # browser tests [~4 min under load]
@@ -232,7 +233,7 @@ def _foreign_trace(path: Path) -> Path:
     from engine.trace import Trace, TraceBudget
     engine = Engine.load("tiny-v4.1", seed=3)
     trace = Trace(TraceBudget(attention=True), meta={"config": "tiny-v4.1-elsewhere", "prompt": "Elsewhere"})
-    engine.generate_text("Elsewhere", max_new_tokens=10, trace=trace, dspark=DSparkConfig("threshold", 0.2))
+    engine.generate_text("Elsewhere", GenerationRequest.of(10, trace=trace, dspark=DSparkConfig("threshold", 0.2)))
     assert trace.dspark_steps and max(int(v[0].max()) for *_, v in trace.facts("moe")) < 8
     trace.save(path)
     return path

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from engine.spec.decoding_options import SUGGESTED_REPETITION_PENALTY
+from engine.request.decoding import SUGGESTED_REPETITION_PENALTY
 from tests.browser_helpers import FINISHED, STOPPED_BY_USER, open_architecture, open_inspect, settled, tick_overlaps
 
 pytestmark = pytest.mark.slow  # browser tests of user actions on the Inspect page [~4 min under load]

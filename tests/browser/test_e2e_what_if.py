@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from engine.spec.interventions import Intervention
+from engine.request.interventions import Intervention
 from engine.trace import load_trace
 from tests.browser_helpers import FINISHED, open_inspect, pick, settled
 

@@ -11,6 +11,7 @@ from engine.checkpoint.store import CheckpointError, save_checkpoint
 from engine.cli import main as cli_main
 from engine.generation import Engine
 from engine.model import Transformer, init_weights
+from engine.request import GenerationRequest
 from engine.text.engram_map import load_token_map
 from engine.text.tokenizer import NOISE_ID, load_tokenizer
 from engine.text.vocab import IdMap
@@ -50,7 +51,7 @@ def test_engine_round_trips_unknown_words_through_the_id_map(reduced):
 
     pieces: list[str] = []
     trace = Trace()
-    out = engine.generate_text(UNSEEN, max_new_tokens=6, on_text=lambda _r, p: pieces.append(p), trace=trace)
+    out = engine.generate_text(UNSEEN, GenerationRequest.of(6, trace=trace), on_text=lambda _r, p: pieces.append(p))
     new = out.result.tokens[0]
     assert len(new) == 6 and all(0 <= t < id_map.vocab_size for t in new)
     base = id_map.tokenizer

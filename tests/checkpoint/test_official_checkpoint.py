@@ -24,6 +24,7 @@ from engine.cli import main
 from engine.generation import Engine
 from engine.quant.formats import dequantize_fp8
 from engine.quant.host_engram import HostEngramTable
+from engine.request import GenerationRequest
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
 
@@ -176,7 +177,7 @@ def test_engine_and_cli_generate_from_the_official_folder(official, capsys):
     engine = Engine.load(checkpoint=official)
     assert engine.source == f"checkpoint {official}" and engine.args.dtype == "fp8"
     assert isinstance(engine.model.layers[4].engram.embed, HostEngramTable)
-    out = engine.generate_text("The king", max_new_tokens=6)
+    out = engine.generate_text("The king", GenerationRequest.greedy(6))
     assert len(out.result.tokens[0]) == 6
     assert main(["generate", "--checkpoint", str(official), "--prompt", "The king", "--max-new-tokens", "6"]) == 0
     stdout, stderr = capsys.readouterr()

@@ -155,6 +155,7 @@ GENERATE = """
 import json, sys
 import torch
 from engine.generation import Engine
+from engine.request import GenerationRequest
 from engine.quant.host_engram import HostEngramTable
 
 def status(key):
@@ -181,7 +182,7 @@ try:
 except OSError:
     pass
 before = {key: status(key) for key in ("VmRSS", "RssAnon", "RssFile")}
-result = engine.generate([prompt], max_new_tokens=int(sys.argv[2]), stop_tokens=(),
+result = engine.generate([prompt], GenerationRequest.of(int(sys.argv[2]), stop_tokens=()),
                          on_token=lambda row, token, info: probs.append(info.prob))
 after = {key: status(key) for key in ("VmRSS", "RssAnon", "RssFile")}
 ids = [torch.cat(calls) for calls in read.values()]   # per table, every row id asked for

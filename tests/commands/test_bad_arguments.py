@@ -12,6 +12,7 @@ import torch
 from engine.cli import main
 from engine.generation import DSparkConfig, Engine, generate, generate_speculative
 from engine.model.sampling import NonFiniteLogitsError
+from engine.request import GenerationRequest
 from engine.spec.errors import EngineError, InputError
 from engine.text.prompt_text import MAX_TOKEN_CHARS
 from tests.bounded import run_engine
@@ -153,7 +154,7 @@ def engine():
 ])
 def test_engine_api_refuses_bad_prompts(engine, prompts, message):
     with pytest.raises(InputError) as e:
-        engine.generate_text(prompts, max_new_tokens=2)
+        engine.generate_text(prompts, GenerationRequest.greedy(2))
     assert message in str(e.value)
 
 
@@ -163,7 +164,7 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it(engine, monkeypatch):
     monkeypatch.setattr(engine.tokenizer, "encode", tokenized)
     t0 = time.perf_counter()
     with pytest.raises(InputError, match="prompt 0 has 4,000,000 characters, more than the model's max_seq_len"):
-        engine.generate_text("four" * 1_000_000, max_new_tokens=1)
+        engine.generate_text("four" * 1_000_000, GenerationRequest.greedy(1))
     assert time.perf_counter() - t0 < 1.0
 
 
@@ -187,9 +188,10 @@ def test_a_huge_prompt_is_refused_without_tokenizing_it(engine, monkeypatch):
     ({"prompts": [list(range(10**6))]}, "prompt 0 has 1000000 tokens, more than the model's max_seq_len of 512"),
 ])
 def test_engine_api_refuses_bad_settings_naming_them(engine, kwargs, message):
-    kwargs = {"prompts": [[0, 5], [0, 6]], "max_new_tokens": 2, **kwargs}
+    settings = {"max_new_tokens": 2, **kwargs}
+    prompts = settings.pop("prompts", [[0, 5], [0, 6]])
     with pytest.raises(InputError) as e:
-        engine.generate(**kwargs)
+        engine.generate(prompts, GenerationRequest.of(**settings))
     assert message in str(e.value)
 
 
@@ -198,7 +200,7 @@ def test_the_app_applies_the_engine_prompt_rule(engine, prompt):
     with pytest.raises(InputError) as app:
         GenSettings(prompt).check()
     with pytest.raises(InputError) as api:
-        engine.generate_text(prompt, max_new_tokens=1)
+        engine.generate_text(prompt, GenerationRequest.greedy(1))
     assert str(app.value) == str(api.value).replace("prompt 0", "The prompt") + "."
 
 
@@ -240,7 +242,7 @@ def test_non_finite_logits_stop_plain_generation(temperature):
     model = broken("norm.weight")
     seen = []
     with pytest.raises(NonFiniteLogitsError) as e:
-        generate(model, [[0, 5, 7]], max_new_tokens=4, temperature=temperature, seed=0,
+        generate(model, [[0, 5, 7]], GenerationRequest.of(4, temperature=temperature, seed=0),
                  on_token=lambda *a: seen.append(a))
     assert seen == []  # not one token came out
     assert isinstance(e.value, EngineError)
@@ -250,13 +252,13 @@ def test_non_finite_logits_stop_plain_generation(temperature):
 
 def test_logits_that_turn_non_finite_mid_generation_stop_at_that_step():
     model = tiny_model(dtype=torch.float32, vocab_size=64, dspark_noise_token_id=63)
-    first = generate(model, [[0, 5, 7]], max_new_tokens=1, stop_tokens=()).tokens[0][0]
+    first = generate(model, [[0, 5, 7]], GenerationRequest.of(1, stop_tokens=())).tokens[0][0]
     assert first not in (0, 5, 7)
     with torch.no_grad():
         model.embed.weight[first] = float("nan")  # the prompt is fine; feeding back the first new token is not
     seen = []
     with pytest.raises(NonFiniteLogitsError, match=r"at step 1 \(row 0, choosing the token at position 4\)"):
-        generate(model, [[0, 5, 7]], max_new_tokens=4, stop_tokens=(), on_token=lambda r, t, i: seen.append(t))
+        generate(model, [[0, 5, 7]], GenerationRequest.of(4, stop_tokens=()), on_token=lambda r, t, i: seen.append(t))
     assert seen == [first]
 
 
@@ -268,8 +270,8 @@ def test_logits_that_turn_non_finite_mid_generation_stop_at_that_step():
 def test_non_finite_logits_stop_dspark_generation(where, temperature, message):
     model = broken(where, float("nan"))
     with pytest.raises(NonFiniteLogitsError) as e:
-        generate_speculative(model, [[0, 5, 7]], max_new_tokens=6, temperature=temperature, seed=0,
-                             dspark=DSparkConfig())
+        generate_speculative(model, [[0, 5, 7]],
+                             GenerationRequest.of(6, temperature=temperature, seed=0, dspark=DSparkConfig()))
     assert message in str(e.value) and "not finite" in str(e.value)
 
 

@@ -8,6 +8,7 @@ import pytest
 from engine.checkpoint.store import save_checkpoint
 from engine.cli import main
 from engine.generation import Engine
+from engine.request import GenerationRequest
 from engine.trace import Trace
 
 BASE = ["generate", "--prompt", "The cat", "--max-new-tokens", "3"]
@@ -31,8 +32,9 @@ def test_decoding_option_flags_reach_the_engine_and_the_trace(tmp_path, capsys):
     assert main(BASE + ["--config", "tiny-v4.1", "--random-init", "--seed", "4", "--trace", str(out)] + flags) == 0
     stdout = capsys.readouterr().out
     engine = Engine.load("tiny-v4.1", seed=4)
-    want = engine.generate_text("The cat", max_new_tokens=6, repetition_penalty=0.3, no_repeat_ngram=2).texts[0]
-    assert stdout.rstrip("\n") == "The cat" + want != "The cat" + engine.generate_text("The cat", max_new_tokens=6).texts[0]
+    want = engine.generate_text("The cat", GenerationRequest.of(6, repetition_penalty=0.3, no_repeat_ngram=2)).texts[0]
+    plain = engine.generate_text("The cat", GenerationRequest.greedy(6)).texts[0]
+    assert stdout.rstrip("\n") == "The cat" + want != "The cat" + plain
     meta = Trace.load(out).meta
     assert (meta["repetition_penalty"], meta["no_repeat_ngram"]) == (0.3, 2)
 
@@ -43,8 +45,9 @@ def test_dtype_flag_runs_the_model_in_bf16_and_names_it_in_the_trace(tmp_path, c
     args = ["--config", "tiny-v4.1", "--random-init", "--seed", "4", "--max-new-tokens", "8", "--trace", str(out)]
     assert main(BASE + args + ["--dtype", "bfloat16"]) == 0
     stdout = capsys.readouterr().out
-    bf16 = Engine.load("tiny-v4.1", seed=4, dtype=torch.bfloat16).generate_text("The cat", max_new_tokens=8).texts[0]
-    fp32 = Engine.load("tiny-v4.1", seed=4).generate_text("The cat", max_new_tokens=8).texts[0]
+    request = GenerationRequest.greedy(8)
+    bf16 = Engine.load("tiny-v4.1", seed=4, dtype=torch.bfloat16).generate_text("The cat", request).texts[0]
+    fp32 = Engine.load("tiny-v4.1", seed=4).generate_text("The cat", request).texts[0]
     assert stdout.rstrip("\n") == "The cat" + bf16 != "The cat" + fp32      # this seed's texts differ by dtype
     assert Trace.load(out).meta["dtype"] == "bfloat16"
     with pytest.raises(SystemExit) as refused:                              # argparse's own refusal

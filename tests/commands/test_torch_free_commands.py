@@ -30,11 +30,14 @@ TORCH_FREE = [
     ["tokenizer", "--text", "hi"],
     ["plan", "tiny-v4.1"],
     ["plan", "deepseek-v4.1-flash", "--gpus", "8"],
+    ["limits"],
     ["info", "--help"],
     ["tokenizer", "--help"],
     ["plan", "--help"],
     ["prepare_data", "--help"],
     ["quantize", "--help"],
+    ["generate", "--help"],
+    ["bench", "--help"],
 ]
 
 
@@ -49,8 +52,8 @@ def test_command_runs_without_torch(argv):
 
 
 def test_the_check_sees_torch_when_a_command_loads_it():
-    """`generate --help` builds options from torch-backed classes: the same child reports torch."""
-    run = subprocess.run([sys.executable, "-c", CHILD, "generate", "--help"], cwd=ROOT, capture_output=True,
+    """`card --help` builds options from torch-backed classes (engine.training.card): the same child reports torch."""
+    run = subprocess.run([sys.executable, "-c", CHILD, "card", "--help"], cwd=ROOT, capture_output=True,
                          text=True, check=False, timeout=120)
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["code"] == 0 and "torch" in seen["torch"], run.stdout[-2000:] + run.stderr[-2000:]

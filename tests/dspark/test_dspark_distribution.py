@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from engine.dspark.schedule import ThroughputTable
-from engine.dspark.verify import Verdict
+from engine.dspark.verify import Verdict, verify
 from engine.generation import DSparkConfig, generate_speculative
+from engine.request import GenerationRequest
 from tests.model_helpers import tiny_model
 
 pytestmark = pytest.mark.slow  # a chi-square test over 1000 sampled rows, and its power check [14 s]
@@ -39,9 +40,9 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor((len(probs) - 1) / 2, dtype=torch.float64), stat / 2))
 
 
-def emitted(model, n=N, **kw):
-    res = generate_speculative(model, [PROMPT] * n, max_new_tokens=4, temperature=1.0, seed=1000, stop_tokens=(),
-                               **kw)
+def emitted(model, n=N, verifier=verify, **settings):
+    request = GenerationRequest.of(4, temperature=1.0, seed=1000, stop_tokens=(), **settings)
+    res = generate_speculative(model, [PROMPT] * n, request, verifier=verifier)
     toks = torch.tensor(res.tokens)                                                           # [N, 4]
     return [torch.bincount(toks[:, k], minlength=V).double() for k in (1, 2)], res
 
@@ -143,5 +144,6 @@ def test_chi_square_p_value_matches_known_quantiles():
 
 def test_global_search_scheduler_is_refused_when_sampling(model):
     with pytest.raises(ValueError, match="not lossless at temperature > 0"):
-        generate_speculative(model, [PROMPT], max_new_tokens=2, temperature=1.0,
-                             dspark=DSparkConfig("auto", sps=STEEP, early_stop=False))
+        generate_speculative(model, [PROMPT],
+                             GenerationRequest.of(2, temperature=1.0, dspark=DSparkConfig("auto", sps=STEEP,
+                                                  early_stop=False)))

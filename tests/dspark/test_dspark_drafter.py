@@ -6,7 +6,7 @@ import torch
 from engine.dspark.drafter import draft
 from engine.dspark.drafter_cache import DrafterCache
 from engine.model.draft import DraftContext, draft_hidden, main_features
-from engine.model.sampling import SamplingParams
+from engine.request.sampling import SamplingParams
 from tests.model_helpers import tiny_model
 
 V = 64

@@ -8,6 +8,7 @@ import torch
 from engine.dspark.drafter_cache import DrafterCache
 from engine.dspark.schedule import ThroughputTable
 from engine.generation import DSparkConfig, generate, generate_speculative
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget
 from tests.model_helpers import tiny_model
 
@@ -68,10 +69,10 @@ def test_a_run_with_plain_steps_equals_plain_decoding(model):
     """Greedy output equals plain greedy output when the auto schedule takes plain steps between drafting steps;
     the DSpark records and metrics cover the drafting steps, the plain steps are counted apart, and every
     generated token is traced."""
-    want = generate(model, PROMPTS, max_new_tokens=20, seed=0)
+    want = generate(model, PROMPTS, GenerationRequest.of(20, seed=0))
     trace = Trace(TraceBudget(max_tokens=None))
-    res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, trace=trace,
-                               dspark=DSparkConfig("auto", sps=COSTLY))
+    res = generate_speculative(model, PROMPTS,
+                               GenerationRequest.of(20, seed=0, trace=trace, dspark=DSparkConfig("auto", sps=COSTLY)))
     assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
     drafting = {s.step for s in res.steps}
     assert res.plain_steps > 0 and len(drafting) > 1
@@ -88,7 +89,8 @@ def test_a_run_with_plain_steps_equals_plain_decoding(model):
         assert [t.token_id for t in trace.tokens(row) if t.generated] == toks
     # without the drafter's costs in the table (or with the fallback off) every step drafts
     free = ThroughputTable(COSTLY.batch_tokens, COSTLY.steps_per_second)
-    again = generate_speculative(model, PROMPTS, max_new_tokens=16, seed=0, dspark=DSparkConfig("auto", sps=free))
+    again = generate_speculative(model, PROMPTS,
+                                 GenerationRequest.of(16, seed=0, dspark=DSparkConfig("auto", sps=free)))
     assert again.tokens == [t[:16] for t in want.tokens] and again.plain_steps == 0
     assert DSparkConfig("auto", sps=COSTLY, plain_fallback=False).fallback() is None
     assert DSparkConfig("all").fallback() is None and DSparkConfig("auto", sps=COSTLY).fallback() is not None
@@ -104,9 +106,10 @@ def test_graphed_runs_verify_every_draft_or_none_and_keep_the_plain_steps(model,
     from engine.generation import speculative
     if block_over_plain is not None:
         monkeypatch.setattr(speculative._Speculation, "_block_over_plain", lambda self: block_over_plain)
-    want = generate(model, PROMPTS, max_new_tokens=20, seed=0)
-    res = generate_speculative(model, PROMPTS, max_new_tokens=20, seed=0, cuda_graphs=True,
-                               dspark=DSparkConfig("auto", sps=COSTLY))
+    want = generate(model, PROMPTS, GenerationRequest.of(20, seed=0))
+    res = generate_speculative(model, PROMPTS,
+                               GenerationRequest.of(20, seed=0, cuda_graphs=True, dspark=DSparkConfig("auto",
+                                                    sps=COSTLY)))
     assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
     assert res.plain_steps > 0 and res.graphed_plain_steps == res.plain_steps
     assert res.graphed_forwards == res.target_forwards == len({s.step for s in res.steps}) > 1

@@ -1,17 +1,18 @@
 """Generation: sampling semantics (greedy, exact top-k/top-p masks, seeds), stop tokens, batching, streaming, traces."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from engine.model.sampling import (
-    SamplingParams,
-    apply_history_rules,
-    filter_logits,
-    make_generators,
-    probabilities,
-    sample,
-)
+from engine.generation import generate
+from engine.model import Transformer, init_weights
+from engine.model.sampling import apply_history_rules, filter_logits, make_generators, probabilities, sample
+from engine.request import GenerationRequest, SamplingParams
+from engine.spec.config import load_config
+from engine.spec.presets import list_presets
+from engine.speedups import prepare_for_inference
+from engine.trace import Trace, TraceBudget, load_trace, save_trace
 
 
 def kept(logits: torch.Tensor) -> set[int]:
@@ -137,14 +138,6 @@ def test_bad_history_settings_are_named():
 
 # ---- generation on the tiny V4.1 model ------------------------------------------------------------
 
-import numpy as np  # noqa: E402
-
-from engine.generation import generate  # noqa: E402
-from engine.model import Transformer, init_weights  # noqa: E402
-from engine.spec.config import load_config  # noqa: E402
-from engine.spec.presets import list_presets  # noqa: E402
-from engine.speedups import prepare_for_inference  # noqa: E402
-from engine.trace import Trace, TraceBudget, load_trace, save_trace  # noqa: E402
 
 
 def build(max_seq_len: int | None = None):
@@ -165,7 +158,7 @@ PROMPTS = [[0, 17, 999, 5, 1234], [0, 4242], [0, 7, 7, 7, 8, 9, 10]]
 
 
 def test_greedy_equals_argmax_of_full_forward_without_cache(model):
-    res = generate(model, [PROMPTS[0]], max_new_tokens=4, stop_tokens=())
+    res = generate(model, [PROMPTS[0]], GenerationRequest.of(4, stop_tokens=()))
     seq = list(PROMPTS[0])
     with torch.inference_mode():
         for _ in range(4):
@@ -175,28 +168,28 @@ def test_greedy_equals_argmax_of_full_forward_without_cache(model):
 
 
 def test_batch_of_different_lengths_equals_each_alone(model):
-    batch = generate(model, PROMPTS, max_new_tokens=4, stop_tokens=())
-    alone = [generate(model, [p], max_new_tokens=4, stop_tokens=()).tokens[0] for p in PROMPTS]
+    batch = generate(model, PROMPTS, GenerationRequest.of(4, stop_tokens=()))
+    alone = [generate(model, [p], GenerationRequest.of(4, stop_tokens=())).tokens[0] for p in PROMPTS]
     assert batch.tokens == alone
     # sampling too: row i uses seed + i, so a prompt alone with that seed draws the same tokens
-    sampled = generate(model, PROMPTS[:2], max_new_tokens=3, temperature=1.0, seed=10, stop_tokens=())
-    second = generate(model, [PROMPTS[1]], max_new_tokens=3, temperature=1.0, seed=11, stop_tokens=())
+    sampled = generate(model, PROMPTS[:2], GenerationRequest.of(3, temperature=1.0, seed=10, stop_tokens=()))
+    second = generate(model, [PROMPTS[1]], GenerationRequest.of(3, temperature=1.0, seed=11, stop_tokens=()))
     assert sampled.tokens[1] == second.tokens[0]
 
 
 def test_seeded_sampling_reproduces_and_seeds_differ(model):
     def run(seed):
-        return generate(model, [PROMPTS[0]], max_new_tokens=4, temperature=1.0, top_p=0.9, seed=seed,
-                        stop_tokens=()).tokens
+        return generate(model, [PROMPTS[0]],
+                        GenerationRequest.of(4, temperature=1.0, top_p=0.9, seed=seed, stop_tokens=())).tokens
     assert run(5) == run(5)
     assert run(5) != run(6)
 
 
 def test_stop_tokens_end_a_row_without_emitting_the_stop_token(model):
-    free = generate(model, PROMPTS[:2], max_new_tokens=4, stop_tokens=()).tokens
+    free = generate(model, PROMPTS[:2], GenerationRequest.of(4, stop_tokens=())).tokens
     stop = free[0][2]
     cut = free[0][: free[0].index(stop)]
-    res = generate(model, PROMPTS[:2], max_new_tokens=4, stop_tokens=(stop,))
+    res = generate(model, PROMPTS[:2], GenerationRequest.of(4, stop_tokens=(stop,)))
     assert res.tokens[0] == cut and res.finish_reasons[0] == "stop"
     other = free[1][: free[1].index(stop)] if stop in free[1] else free[1]
     assert res.tokens[1] == other  # the other row is unaffected by row 0 finishing
@@ -204,7 +197,7 @@ def test_stop_tokens_end_a_row_without_emitting_the_stop_token(model):
 
 def test_streaming_callback_sees_every_token_in_order(model):
     calls = []
-    res = generate(model, PROMPTS, max_new_tokens=3, stop_tokens=(),
+    res = generate(model, PROMPTS, GenerationRequest.of(3, stop_tokens=()),
                    on_token=lambda row, tok, info: calls.append((info.step, row, tok, info.pos)))
     assert calls == sorted(calls, key=lambda c: (c[0], c[1]))  # step by step, rows in order within a step
     for row, prompt in enumerate(PROMPTS):
@@ -221,7 +214,7 @@ def test_a_decode_step_is_timed_with_its_token_choice_and_without_the_callers_ca
     import engine.generation.plain as plain
     real = plain.probabilities
     monkeypatch.setattr(plain, "probabilities", lambda *a: time.sleep(0.05) or real(*a))
-    res = generate(model, [PROMPTS[0]], max_new_tokens=4, temperature=1.0, seed=0, stop_tokens=(),
+    res = generate(model, [PROMPTS[0]], GenerationRequest.of(4, temperature=1.0, seed=0, stop_tokens=()),
                    on_token=lambda row, tok, info: time.sleep(0.3))
     assert len(res.step_times) == 3 and res.decode_s == pytest.approx(sum(res.step_times))
     assert all(t >= 0.05 for t in res.step_times)                  # each step's draw, which plain.generate times
@@ -231,16 +224,16 @@ def test_a_decode_step_is_timed_with_its_token_choice_and_without_the_callers_ca
 def test_prompt_errors_and_the_sequence_limit():
     small = build(max_seq_len=8)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        generate(small, [[0], []], max_new_tokens=2)
+        generate(small, [[0], []], GenerationRequest.greedy(2))
     with pytest.raises(ValueError, match="max_seq_len of 8"):
-        generate(small, [list(range(9))], max_new_tokens=2)
+        generate(small, [list(range(9))], GenerationRequest.greedy(2))
     with pytest.raises(ValueError, match=r"outside 0\.\.129279"):
-        generate(small, [[0, 129280]], max_new_tokens=2)
+        generate(small, [[0, 129280]], GenerationRequest.greedy(2))
     with pytest.raises(ValueError, match="max_new_tokens"):
-        generate(small, [[0]], max_new_tokens=-1)
-    nothing = generate(small, [[0, 3]], max_new_tokens=0)
+        generate(small, [[0]], GenerationRequest.greedy(-1))
+    nothing = generate(small, [[0, 3]], GenerationRequest.greedy(0))
     assert nothing.tokens == [[]] and nothing.finish_reasons == ["length"]
-    res = generate(small, [[0, 1, 2, 3, 4, 5]], max_new_tokens=10, stop_tokens=())
+    res = generate(small, [[0, 1, 2, 3, 4, 5]], GenerationRequest.of(10, stop_tokens=()))
     assert len(res.tokens[0]) == 2 and res.finish_reasons == ["max_seq_len"]
 
 
@@ -259,7 +252,8 @@ def test_trace_does_not_change_logits(model):
 
 def test_generation_trace_records_everything_and_round_trips(model, tmp_path):
     trace = Trace(TraceBudget(top_k_logits=4), meta={"test": True})
-    res = generate(model, PROMPTS[:2], max_new_tokens=3, stop_tokens=(), trace=trace, token_text=lambda t: f"<{t}>")
+    res = generate(model, PROMPTS[:2], GenerationRequest.of(3, stop_tokens=(), trace=trace),
+                   token_text=lambda t: f"<{t}>")
     args = model.args
     for row, prompt in enumerate(PROMPTS[:2]):
         toks = trace.tokens(row)
@@ -279,7 +273,7 @@ def test_generation_trace_records_everything_and_round_trips(model, tmp_path):
 def test_history_rules_steer_greedy_decoding_as_a_step_by_step_reference(model):
     # a penalty below 1 favours the history's tokens, so the n-gram ban has repeats to stop
     rho, prompt = 0.3, PROMPTS[2]
-    res = generate(model, [prompt], max_new_tokens=8, stop_tokens=(), repetition_penalty=rho, no_repeat_ngram=2)
+    res = generate(model, [prompt], GenerationRequest.of(8, stop_tokens=(), repetition_penalty=rho, no_repeat_ngram=2))
     seq = list(prompt)
     with torch.inference_mode():
         for _ in range(8):
@@ -291,18 +285,19 @@ def test_history_rules_steer_greedy_decoding_as_a_step_by_step_reference(model):
                     logits[seq[i + 1]] = float("-inf")
             seq.append(int(logits.argmax()))
     assert res.tokens[0] == seq[len(prompt):]
-    assert res.tokens[0] != generate(model, [prompt], max_new_tokens=8, stop_tokens=()).tokens[0]
+    assert res.tokens[0] != generate(model, [prompt], GenerationRequest.of(8, stop_tokens=())).tokens[0]
 
 
 def test_no_generated_token_repeats_an_ngram_and_rows_keep_their_own_history(model):
-    kw = dict(max_new_tokens=10, stop_tokens=(), repetition_penalty=0.3, no_repeat_ngram=2)
-    res = generate(model, PROMPTS, **kw)
+    request = GenerationRequest.of(10, stop_tokens=(), repetition_penalty=0.3, no_repeat_ngram=2)
+    res = generate(model, PROMPTS, request)
     for prompt, new in zip(PROMPTS, res.tokens):
         seq = prompt + new
         for j in range(len(prompt), len(seq)):
             assert (seq[j - 1], seq[j]) not in set(zip(seq[:j - 1], seq[1:j])), (j, seq)
-    assert res.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
-    sampled = generate(model, PROMPTS[:2], max_new_tokens=6, temperature=1.0, seed=3, stop_tokens=(),
-                       repetition_penalty=0.3, no_repeat_ngram=1)
+    assert res.tokens == [generate(model, [p], request).tokens[0] for p in PROMPTS]
+    sampled = generate(model, PROMPTS[:2],
+                       GenerationRequest.of(6, temperature=1.0, seed=3, stop_tokens=(), repetition_penalty=0.3,
+                                            no_repeat_ngram=1))
     for prompt, new in zip(PROMPTS, sampled.tokens):   # n = 1: no token of the prompt or the output comes back
         assert len(set(new)) == len(new) and not set(new) & set(prompt)

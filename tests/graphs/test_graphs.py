@@ -8,6 +8,7 @@ import torch
 from engine.generation import generate
 from engine.graphs import CaptureUnsafeError, DecodeInputs, GraphedDecoder, bucket_for, check_capture_safe, decode_body
 from engine.model.context import ForwardContext
+from engine.request import GenerationRequest
 from engine.spec.config import load_config
 from engine.trace import FACT_KINDS, Trace, TraceBudget
 from tests.model_helpers import TINY, random_tokens, tiny_model
@@ -248,9 +249,9 @@ def test_verify_blocks_with_rollback_match_eager_logits_taps_cache_and_trace():
 def test_generate_with_graphs_matches_plain_generate():
     model = tiny_model()
     prompts = [[0, 5, 9, 200], [0, 7], [0, 1000, 3, 4, 5, 6]]
-    plain = generate(model, prompts, max_new_tokens=12, stop_tokens=())
+    plain = generate(model, prompts, GenerationRequest.of(12, stop_tokens=()))
     trace = Trace(TraceBudget(max_tokens=None))
-    graphed = generate(model, prompts, max_new_tokens=12, stop_tokens=(), cuda_graphs=True, trace=trace)
+    graphed = generate(model, prompts, GenerationRequest.of(12, stop_tokens=(), cuda_graphs=True, trace=trace))
     assert graphed.tokens == plain.tokens and graphed.finish_reasons == plain.finish_reasons
     assert len(graphed.step_times) == 11
     assert trace.fact("moe", "layers.9.ffn", 2, len(prompts[2]) + 5) is not None
@@ -260,7 +261,7 @@ def test_engine_generates_text_with_graphs_and_dspark():
     """Engine.generate_text passes cuda_graphs through to DSpark decoding (it used to refuse the pair)."""
     from engine.generation import DSparkConfig, Engine
     engine = Engine.load("tiny-v4.1", seed=0)
-    runs = [engine.generate_text("hi", max_new_tokens=4, seed=0, dspark=DSparkConfig(), cuda_graphs=g)
+    runs = [engine.generate_text("hi", GenerationRequest.of(4, seed=0, dspark=DSparkConfig(), cuda_graphs=g))
             for g in (False, True)]
     assert runs[1].texts == runs[0].texts and runs[1].result.tokens == runs[0].result.tokens
     assert runs[0].result.graphed_forwards == 0 < runs[1].result.graphed_forwards == runs[1].result.target_forwards
@@ -343,10 +344,12 @@ def spec_model():
     return tiny_model(vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1)   # float64: exact comparisons
 
 
-def _speculate(model, prompts, graphs, **kw):
+def _speculate(model, prompts, graphs, verifier=None, **kw):
+    from engine.dspark.verify import verify
     from engine.generation.speculative import generate_speculative
     kw = {"max_new_tokens": 14, "seed": 0, "stop_tokens": (), **kw}
-    return generate_speculative(model, prompts, cuda_graphs=graphs, **kw)
+    return generate_speculative(model, prompts, GenerationRequest.of(cuda_graphs=graphs, **kw),
+                                verifier=verifier or verify)
 
 
 def _step_facts(steps):
@@ -438,7 +441,7 @@ def test_a_compiled_drafters_first_draft_is_set_apart_only_when_dynamo_compiles(
     from engine.graphs import compiled_body as compiled_module
     from engine.graphs import drafter as drafter_module
     from engine.graphs.draft_body import draft_body
-    from engine.model.sampling import SamplingParams
+    from engine.request.sampling import SamplingParams
     compiled = [0]
     monkeypatch.setattr(drafter_module, "compiled_draft_body", lambda model: draft_body)
     monkeypatch.setattr(compiled_module, "graphs_compiled", lambda: compiled[0])
@@ -552,7 +555,8 @@ def test_graphed_draft_equals_eager_draft_over_steps_and_rollbacks(spec_model, n
     tokens, q, confidences, every generator's state and the mtp.* moe/mhc trace facts equal the eager drafter's."""
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams, make_generators
+    from engine.model.sampling import make_generators
+    from engine.request.sampling import SamplingParams
     model, gamma = spec_model, spec_model.args.dspark_block_size
     params = SamplingParams(temperature, top_k=40 if temperature else 0)
     rings_e, rings_g = _draft_state(model, n_rows, False), _draft_state(model, n_rows, True)
@@ -652,7 +656,7 @@ def test_meta_proxy_catches_a_host_sync_in_the_draft_body(body):
 
 def test_graphed_drafter_refuses_misuse_clearly(spec_model):
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams
+    from engine.request.sampling import SamplingParams
     rings = _draft_state(spec_model, 2, True)
     with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
         GraphedDrafter(spec_model, rings, capture=True)
@@ -673,7 +677,8 @@ def test_graphed_drafter_refuses_misuse_clearly(spec_model):
 def test_cuda_graph_capture_of_the_draft_step_matches_eager():
     from engine.dspark.drafter import draft
     from engine.graphs import GraphedDrafter
-    from engine.model.sampling import SamplingParams, make_generators
+    from engine.model.sampling import make_generators
+    from engine.request.sampling import SamplingParams
     torch.manual_seed(0)
     model = tiny_model(dtype=torch.float32, vocab_size=SPEC_V, dspark_noise_token_id=SPEC_V - 1).cuda()
     rings_e, rings_g = _draft_state(model, 3, False), _draft_state(model, 3, True)

@@ -8,19 +8,14 @@ import time
 import numpy as np
 import pytest
 
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceFormatError
 from v41viz.inspect import attention_panel, dspark_panel, engram_panel, experts_panel, lens_panel, mhc_panel
+from v41viz.inspect.engine_run import generate_into
 from v41viz.inspect.equivalent import missing_reason, nearest_equivalent
 from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
-from v41viz.inspect.run import (
-    GenSettings,
-    LiveRun,
-    generate_into,
-    new_trace,
-    prompt_problem,
-    status_sentence,
-)
+from v41viz.inspect.run import GenSettings, LiveRun, new_trace, prompt_problem, status_sentence
 from v41viz.inspect.run_meta import settings_of
 from v41viz.inspect.tokens import alternatives, chosen_by, probability_text, token_detail_html, token_table, visible
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
@@ -46,13 +41,13 @@ def _run(slot, **kw) -> LiveRun:
 def test_the_decoding_options_reach_the_engine_and_the_trace(slot):
     ids = slot.engine.encode_prompt(PROMPT)
     changed = _run(slot, repetition_penalty=0.3, no_repeat_ngram=2)   # below 1: the history's tokens come back
-    want = slot.engine.generate([ids], max_new_tokens=8, repetition_penalty=0.3, no_repeat_ngram=2).tokens[0]
+    want = slot.engine.generate([ids], GenerationRequest.of(8, repetition_penalty=0.3, no_repeat_ngram=2)).tokens[0]
     assert [t.token_id for t in changed.trace.tokens(0) if t.generated] == want
     recorded = settings_of(changed.trace.meta)
     assert (recorded["repetition_penalty"], recorded["no_repeat_ngram"]) == (0.3, 2)
     off = _run(slot, repetition_penalty=1.0, no_repeat_ngram=0)
     assert [t.token_id for t in off.trace.tokens(0) if t.generated] == \
-        slot.engine.generate([ids], max_new_tokens=8).tokens[0] != want
+        slot.engine.generate([ids], GenerationRequest.greedy(8)).tokens[0] != want
     # a generated token's line says how the run chose it; its probability is the model's own, before the options
     last = len(ids) + 7
     assert "(chosen greedily with repetition penalty 0.3 and no repeated 2-grams)" in \
@@ -77,7 +72,7 @@ def spec(slot):
 
 
 def test_run_streams_the_same_text_as_the_engine(slot, plain):
-    ref = slot.engine.generate_text(PROMPT, max_new_tokens=8, seed=0)
+    ref = slot.engine.generate_text(PROMPT, GenerationRequest.of(8, seed=0))
     assert plain.status == "done" and plain.n_tokens == len(ref.result.tokens[0]) == 8
     assert plain.text == ref.texts[0]
     assert 0 < plain.first_token_s <= plain.elapsed_s
@@ -346,7 +341,7 @@ def test_prompt_tokens_carry_their_teacher_forced_probability(slot, plain):
     first = next(t for t in plain.trace.tokens(0) if t.generated)
     ids = [t.token_id for t in prompt] + [first.token_id]        # the first generated token, now part of the prompt
     forced = Trace()
-    slot.engine.generate([ids], max_new_tokens=1, trace=forced)
+    slot.engine.generate([ids], GenerationRequest.of(1, trace=forced))
     again = next(t for t in forced.tokens(0) if t.pos == first.pos)
     assert not again.generated and again.logprob == pytest.approx(first.logprob, abs=1e-4)
     table = token_table(plain.trace, 0, lambda i: slot.engine.tokenizer.token_text(i))
@@ -522,7 +517,7 @@ def test_prompt_probabilities_do_not_depend_on_the_chunking(slot, monkeypatch):
     def probabilities(values: int) -> list[float]:
         monkeypatch.setattr(results, "PROMPT_LOGITS_VALUES", values)
         trace = Trace()
-        slot.engine.generate([ids], max_new_tokens=1, trace=trace)
+        slot.engine.generate([ids], GenerationRequest.of(1, trace=trace))
         return [t.logprob for t in trace.tokens(0) if not t.generated][1:]
     whole, chunked = probabilities(2**30), probabilities(3 * slot.args.vocab_size)   # 3 positions per chunk
     assert len(whole) == len(ids) - 1 and np.allclose(whole, chunked, atol=1e-4)

@@ -94,7 +94,7 @@ def test_kernel_drafter_matches_reference(mode):
     """DSpark draft stages (KernelDraftStage) give the same drafts and confidence logits."""
     from engine.dspark.drafter import draft
     from engine.dspark.drafter_cache import DrafterCache
-    from engine.model.sampling import SamplingParams
+    from engine.request.sampling import SamplingParams
 
     ref, fast = _pair()
     toks = random_tokens(1, 2, seed=14, vocab=2048)

@@ -12,9 +12,10 @@ from engine.cli import main
 from engine.generation import DSparkConfig, Engine, generate, generate_speculative
 from engine.generation.results import run_interventions
 from engine.model import Transformer, init_weights
+from engine.request import GenerationRequest
+from engine.request.interventions import KINDS, Intervention, check_interventions, parse_intervention
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
-from engine.spec.interventions import KINDS, Intervention, check_interventions, parse_intervention
 from engine.speedups import apply_speedups
 from engine.trace import Trace, TraceBudget
 from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map
@@ -339,14 +340,15 @@ def dspark_model():
 
 def test_drop_stage_changes_drafts_and_dspark_stays_lossless(dspark_model):
     m, cfg = dspark_model, DSparkConfig("all")
-    plain = generate(m, PROMPTS, max_new_tokens=12, seed=0)
-    intervened = generate(m, PROMPTS, max_new_tokens=12, seed=0, interventions=BACKBONE)
+    plain = generate(m, PROMPTS, GenerationRequest.of(12, seed=0))
+    intervened = generate(m, PROMPTS, GenerationRequest.of(12, seed=0, interventions=BACKBONE))
     assert intervened.tokens != plain.tokens                      # the backbone interventions matter
-    spec = generate_speculative(m, PROMPTS, max_new_tokens=12, seed=0, dspark=cfg)
-    dropped = generate_speculative(m, PROMPTS, max_new_tokens=12, seed=0, dspark=cfg,
-                                   interventions=[*BACKBONE, "drop-stage:1"])
+    spec = generate_speculative(m, PROMPTS, GenerationRequest.of(12, seed=0, dspark=cfg))
+    dropped = generate_speculative(m, PROMPTS,
+                                   GenerationRequest.of(12, seed=0, dspark=cfg, interventions=[*BACKBONE,
+                                                        "drop-stage:1"]))
     assert spec.tokens == plain.tokens and dropped.tokens == intervened.tokens
-    again = generate_speculative(m, PROMPTS, max_new_tokens=12, seed=0, dspark=cfg, interventions=BACKBONE)
+    again = generate_speculative(m, PROMPTS, GenerationRequest.of(12, seed=0, dspark=cfg, interventions=BACKBONE))
     assert again.tokens == intervened.tokens
     # step 1 drafts from the same target taps (the prefill's): the dropped stage changes the drafter's output
     # (its confidences; the random-init Markov head often drafts the same tokens)
@@ -356,13 +358,13 @@ def test_drop_stage_changes_drafts_and_dspark_stays_lossless(dspark_model):
 
 def test_plain_decoding_refuses_drop_stage_and_graphs_refuse_interventions(dspark_model):
     with pytest.raises(InputError, match="'drop-stage' changes the DSpark drafter"):
-        generate(dspark_model, PROMPTS, max_new_tokens=2, interventions=["drop-stage:0"])
+        generate(dspark_model, PROMPTS, GenerationRequest.of(2, interventions=["drop-stage:0"]))
     for kwargs in ({"cuda_graphs": True}, {"compiled": True}):
         with pytest.raises(InputError, match="CUDA-graphed and torch.compile'd steps"):
-            generate(dspark_model, PROMPTS, max_new_tokens=2, interventions=["engram-off:1"], **kwargs)
+            generate(dspark_model, PROMPTS, GenerationRequest.of(2, interventions=["engram-off:1"], **kwargs))
     with pytest.raises(InputError, match="CUDA-graphed"):
-        generate_speculative(dspark_model, PROMPTS, max_new_tokens=2, interventions=["drop-stage:0"],
-                             cuda_graphs=True)
+        generate_speculative(dspark_model, PROMPTS,
+                             GenerationRequest.of(2, interventions=["drop-stage:0"], cuda_graphs=True))
     split = SimpleNamespace(args=dspark_model.args, world=SimpleNamespace(size=2))   # a model under torchrun
     with pytest.raises(InputError, match="not supported on a model split over 2 ranks"):
         run_interventions(split, ["engram-off:1"])
@@ -375,8 +377,9 @@ def test_the_trace_header_records_the_canonical_texts_and_round_trips(dspark_mod
     engine = Engine(dspark_model)
     ids = [[0, 7, 3, 9]]
     trace = Trace(TraceBudget(max_tokens=64), meta={"config": "tiny"})
-    engine.generate(ids, max_new_tokens=3, trace=trace,
-                          interventions=[Intervention("engram-off", 1, first=2), "ban-expert:3:1@2-2"])
+    engine.generate(ids,
+                    GenerationRequest.of(3, trace=trace, interventions=[Intervention("engram-off", 1, first=2),
+                                         "ban-expert:3:1@2-2"]))
     assert trace.meta["interventions"] == ["engram-off:1@2-", "ban-expert:3:1@2"] == trace.interventions
     path = tmp_path / "run.json"
     trace.save(path)
@@ -385,7 +388,7 @@ def test_the_trace_header_records_the_canonical_texts_and_round_trips(dspark_mod
     assert check_interventions(loaded.interventions, engine.args) == (Intervention("engram-off", 1, None, 2, None),
                                                                       Intervention("ban-expert", 3, 1, 2, 2))
     plain_trace = Trace(TraceBudget(max_tokens=64))
-    engine.generate(ids, max_new_tokens=3, trace=plain_trace)
+    engine.generate(ids, GenerationRequest.of(3, trace=plain_trace))
     assert plain_trace.meta["interventions"] == [] and plain_trace.interventions == []
 
 

@@ -16,6 +16,7 @@ from engine.generation import DSparkConfig, generate, generate_speculative
 from engine.graphs.safety import check_capture_safe, check_draft_capture_safe
 from engine.model import EngineOptions, Transformer, init_weights
 from engine.quant.apply import round_trip_weights
+from engine.request import GenerationRequest
 from engine.spec.config import load_config
 from engine.spec.roles import family_roles
 from engine.speedups import prepare_for_inference
@@ -141,10 +142,10 @@ def test_rollback_then_redecode_equals_never_having_decoded(model, prefix):
 def test_dspark_greedy_equals_plain_greedy():
     m = v4_model(dtype=torch.float32, vocab_size=64, dspark_noise_token_id=63, compress_ratios=SHORT_HCA)
     prompts = [[0, 5, 7, 9, 11], [0, 10, 20], [0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
-    plain = generate(m, prompts, max_new_tokens=16, seed=0)
+    plain = generate(m, prompts, GenerationRequest.of(16, seed=0))
     # rows at different positions share each call (the compressors' per-row groups): each row as if alone
-    assert [generate(m, [p], max_new_tokens=16, seed=0).tokens[0] for p in prompts] == plain.tokens
-    spec = generate_speculative(m, prompts, max_new_tokens=16, seed=0, dspark=DSparkConfig("all"))
+    assert [generate(m, [p], GenerationRequest.of(16, seed=0)).tokens[0] for p in prompts] == plain.tokens
+    spec = generate_speculative(m, prompts, GenerationRequest.of(16, seed=0, dspark=DSparkConfig("all")))
     assert spec.tokens == plain.tokens
     assert spec.metrics.drafted > 0 and spec.metrics.target_forwards < 16
 
@@ -156,9 +157,9 @@ def test_static_decode_and_draft_bodies_decode_like_eager():
     and neither body reads a value back to the host (the meta-device check)."""
     m = v4_model(dtype=torch.float32, vocab_size=64, dspark_noise_token_id=63, compress_ratios=SHORT_HCA)
     prompts = [[0, 5, 9, 20, 7, 7, 3, 1, 9], [0, 7]]
-    plain = generate(m, prompts, max_new_tokens=12, stop_tokens=())
-    assert generate(m, prompts, max_new_tokens=12, stop_tokens=(), cuda_graphs=True).tokens == plain.tokens
-    spec = generate_speculative(m, prompts, max_new_tokens=12, stop_tokens=(), cuda_graphs=True)
+    plain = generate(m, prompts, GenerationRequest.of(12, stop_tokens=()))
+    assert generate(m, prompts, GenerationRequest.of(12, stop_tokens=(), cuda_graphs=True)).tokens == plain.tokens
+    spec = generate_speculative(m, prompts, GenerationRequest.of(12, stop_tokens=(), cuda_graphs=True))
     assert spec.tokens == plain.tokens and spec.graphed_forwards == spec.target_forwards > 0
     check_capture_safe(m.args, batch=2)
     check_draft_capture_safe(m.args, batch=2)
@@ -211,8 +212,8 @@ def test_official_layout(drafter, tmp_path):
     assert diff <= 1e-5 * b.abs().max().item()
     if drafter == "dspark":
         prompts = [[0, 5, 7, 9], [0, 3, 3]]
-        plain = generate(quantized, prompts, max_new_tokens=8, seed=0)
-        assert generate_speculative(quantized, prompts, max_new_tokens=8, seed=0).tokens == plain.tokens
+        plain = generate(quantized, prompts, GenerationRequest.of(8, seed=0))
+        assert generate_speculative(quantized, prompts, GenerationRequest.of(8, seed=0)).tokens == plain.tokens
 
 
 @pytest.mark.parametrize("layout", ["project", "official"])

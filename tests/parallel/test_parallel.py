@@ -28,6 +28,7 @@ from engine.checkpoint.store import save_checkpoint
 from engine.parallel import DistributedError, Layout, Source, World, build_shard, shard_model
 from engine.parallel.settings import lockstep_settings
 from engine.parallel.volume import decode_collectives, volume_lines
+from engine.request import GenerationRequest
 from engine.spec.errors import InputError
 from engine.spec.presets import resolve_config
 from tests.model_helpers import synthetic_token_map, tiny_args, tiny_model
@@ -201,9 +202,11 @@ def test_a_rank_that_fails_ends_the_other_with_a_clear_error():
 
 def test_settings_every_rank_could_not_share_are_refused():
     with pytest.raises(InputError, match="cuda_graphs"):
-        lockstep_settings({"cuda_graphs": True}, World(0, 2, CPU, group=None))
-    assert lockstep_settings({"seed": 3, "temperature": 1.0}, World(0, 2, CPU, group=None)) == \
-        {"seed": 3, "temperature": 1.0}
+        lockstep_settings(GenerationRequest.of(4, cuda_graphs=True), World(0, 2, CPU, group=None))
+    with pytest.raises(InputError, match="compiled"):
+        lockstep_settings(GenerationRequest.of(4, compiled=True), World(0, 2, CPU, group=None))
+    seeded = GenerationRequest.of(4, seed=3, temperature=1.0)
+    assert lockstep_settings(seeded, World(0, 2, CPU, group=None)) == seeded
     from engine.dspark.config import DSparkConfig
     shard = shard_model(tiny_model(torch.float32), World(0, 2, CPU, group=None))
     with pytest.raises(InputError, match="'auto' profiles one process"):

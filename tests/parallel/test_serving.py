@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine.generation import DSparkConfig, Engine
+from engine.request import GenerationRequest
 from engine.serving import RemoteEngine, serve
 from engine.spec.errors import InputError
 from engine.trace import Trace, TraceBudget
@@ -47,8 +48,8 @@ def assert_traces_match(want: Trace, got: Trace, tol: float) -> None:
 def generate_both(engine, remote_or_engine, **kw):
     trace = Trace(TraceBudget(attention=True), meta={"prompt": "hello there"})
     pieces = []
-    out = remote_or_engine.generate_text("hello there", max_new_tokens=8, trace=trace, dspark=DSparkConfig(),
-                                         on_text=lambda _row, piece: pieces.append(piece), **kw)
+    request = GenerationRequest.of(8, trace=trace, dspark=DSparkConfig(), **kw)
+    out = remote_or_engine.generate_text("hello there", request, on_text=lambda _row, piece: pieces.append(piece))
     return out, trace, "".join(pieces)
 
 
@@ -74,11 +75,18 @@ def test_remote_engine_gives_what_the_engine_gives():
     app_choice = attach_app(f"127.0.0.1:{port}")
     slot = load_slot(app_choice)
     assert slot.engine.args == engine.args and slot.engine.model is None
-    assert slot.engine.generate_text("hi", max_new_tokens=4).texts == engine.generate_text("hi", max_new_tokens=4).texts
-    with pytest.raises(InputError, match="max_new_tokens"):
-        remote.generate([[0, 5]], max_new_tokens=-1)
+    four = GenerationRequest.greedy(4)
+    assert slot.engine.generate_text("hi", four).texts == engine.generate_text("hi", four).texts
+    message = {"op": "generate", "prompts": [[0, 5]], "max_new_tokens": 2, "settings": {}, "dspark": None,
+               "trace": None}
+    with pytest.raises(InputError, match="max_new_tokens"):         # the service checks what a client sends
+        remote.request({**message, "max_new_tokens": -1})
+    with pytest.raises(InputError, match="unknown generate setting.*'temprature'"):
+        remote.request({**message, "settings": {"temprature": 1.0}})
+    assert remote.request({**message, "settings": {"temperature": 1.0, "seed": 3}})["done"]["tokens"] == \
+        engine.generate([[0, 5]], GenerationRequest.of(2, temperature=1.0, seed=3)).tokens
     with pytest.raises(InputError, match="'auto' profiles one process"):
-        remote.generate([[0, 5]], max_new_tokens=2, dspark=DSparkConfig("auto", sps=object()))
+        remote.generate([[0, 5]], GenerationRequest.of(2, dspark=DSparkConfig("auto", sps=object())))
     remote.shutdown()
     service.join(10)
     assert not service.is_alive()

@@ -122,6 +122,7 @@ for name in names:
 @pytest.mark.slow  # fresh processes with a module blocked [6 s + 2 s]
 @pytest.mark.parametrize("layer, forbidden", [("engine.spec", "torch"), ("engine.accounting", "torch"),
                                               ("engine.plan", "torch"), ("engine.text", "torch"),
+                                              ("engine.request", "torch"),
                                               ("v41viz.arch", "streamlit"), ("v41viz.inspect", "streamlit")])
 def test_layer_loads_without(layer, forbidden):
     names = [m for m in MODULES if m == layer or m.startswith(layer + ".")]

@@ -14,6 +14,7 @@ from engine.model.moe import MoE
 from engine.quant import HostEngramTable, quantize_model, resident_bytes, round_trip_weights
 from engine.quant.apply import DEQUANTIZED_AT_LOAD, HOST_TABLES, quantized_modules
 from engine.quant.modules import FP4Linear, FP8Linear, QuantMoE
+from engine.request import GenerationRequest
 from engine.spec.errors import InputError
 from engine.speedups import prepare_for_inference
 from tests.model_helpers import random_tokens, synthetic_token_map, tiny_args
@@ -198,5 +199,6 @@ def test_plain_and_dspark_generation_follow_the_dequantized_run():
     quantized, reference = quantize_model(copy.deepcopy(base)), round_trip_weights(copy.deepcopy(base))
     prompts = [[1, 5, 9, 200, 3000], [7, 8]]
     for dspark in (None, DSparkConfig()):
-        got, want = (Engine(m).generate(prompts, max_new_tokens=6, dspark=dspark).tokens for m in (quantized, reference))
+        got, want = (Engine(m).generate(prompts, GenerationRequest.of(6, dspark=dspark)).tokens for m in (quantized,
+                                                                      reference))
         assert got == want

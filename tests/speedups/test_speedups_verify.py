@@ -11,7 +11,7 @@ import torch
 from engine.dspark.drafter import draft
 from engine.dspark.drafter_cache import DrafterCache
 from engine.model.moe import MoE
-from engine.model.sampling import SamplingParams
+from engine.request.sampling import SamplingParams
 from engine.speedups.fast_draft import FastDraftAttention, FastMarkovHead
 from engine.speedups.fast_moe import FastMoE
 from tests.model_helpers import RecordingTrace

@@ -17,6 +17,7 @@ import torch
 
 from engine.generation import DSparkConfig
 from engine.generation.speculative import generate_speculative
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget, TraceFormatError, load_trace, load_trace_bytes, save_trace
 from engine.trace.limits import MAX_FILE_BYTES, MAX_ROWS
 from tests.bounded import run_python
@@ -31,7 +32,7 @@ def real(tmp_path_factory) -> tuple[Trace, dict[str, bytes]]:
     model = tiny_model(dtype=torch.float32, vocab_size=512, dspark_noise_token_id=511)
     trace = Trace(TraceBudget(attention=True, top_k_logits=3, lens=True),
                   meta={"config": "tiny-v4.1", "prompt": "Hi, ça va?"})
-    generate_speculative(model, [[0, 5, 6, 7], [0, 9]], max_new_tokens=4, trace=trace, dspark=DSparkConfig(),
+    generate_speculative(model, [[0, 5, 6, 7], [0, 9]], GenerationRequest.of(4, trace=trace, dspark=DSparkConfig()),
                          token_text=lambda i: f"t{i}")
     folder = tmp_path_factory.mktemp("real")
     files = {fmt: save_trace(trace, folder / name).read_bytes() for fmt, name in NAMES.items()}

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from engine.generation import DSparkConfig, Engine
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget, load_trace, save_trace
 
 torch.set_num_threads(1)   # small ops on the shared 2-core machine: one thread each (see tests/model_helpers.py)
@@ -31,7 +32,7 @@ def recorded(engine) -> tuple[Trace, list[int]]:
 
 def lens_trace(engine: Engine, **budget) -> tuple[Trace, list[int]]:
     trace = Trace(TraceBudget(**{"lens": True, "top_k_logits": 5, **budget}))
-    result = engine.generate([PROMPT], max_new_tokens=NEW, trace=trace)
+    result = engine.generate([PROMPT], GenerationRequest.of(NEW, trace=trace))
     return trace, PROMPT + result.tokens[0]
 
 
@@ -129,8 +130,8 @@ def test_budget_off_records_nothing_and_changes_nothing(engine):
     assert torch.equal(plain, with_off) and torch.equal(plain, with_on)   # bit for bit
     assert off.paths("lens") == [] and "lens" not in off.summary()["records"]
     assert on.paths("lens")
-    a = engine.generate([PROMPT], max_new_tokens=NEW, trace=Trace(TraceBudget()))
-    b = engine.generate([PROMPT], max_new_tokens=NEW, trace=Trace(TraceBudget(lens=True)))
+    a = engine.generate([PROMPT], GenerationRequest.of(NEW, trace=Trace(TraceBudget())))
+    b = engine.generate([PROMPT], GenerationRequest.of(NEW, trace=Trace(TraceBudget(lens=True))))
     assert a.tokens == b.tokens
 
 
@@ -148,7 +149,7 @@ def test_speculative_and_graphed_decoding_record_the_same_lens(engine, recorded)
     plain, seq = recorded
     for kwargs in ({"cuda_graphs": True}, {"dspark": DSparkConfig()}):
         trace = Trace(TraceBudget(lens=True, top_k_logits=5))
-        result = engine.generate([PROMPT], max_new_tokens=NEW, trace=trace, **kwargs)
+        result = engine.generate([PROMPT], GenerationRequest.of(NEW, trace=trace, **kwargs))
         assert PROMPT + result.tokens[0] == seq, kwargs
         if "dspark" in kwargs:   # drafts were rejected, so recorded positions were rolled back
             assert any(s.accepted < s.verify_len for s in trace.dspark_steps)

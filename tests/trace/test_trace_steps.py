@@ -2,6 +2,8 @@
 residuals derived when read, the lens read out after the last layer. Bit for bit what the per-call path records."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 import engine.model.lens_reads as lens_reads
 from engine.generation import DSparkConfig, Engine
 from engine.model.mhc import stochastic_error
+from engine.request import GenerationRequest
 from engine.trace import Trace, TraceBudget
 
 torch.set_num_threads(1)   # small ops on the shared 2-core machine: one thread each (see tests/model_helpers.py)
@@ -56,7 +59,7 @@ def assert_same_tables(got: dict, want: dict) -> None:
             assert same, (name, column)
 
 
-def per_call_run(engine: Engine, monkeypatch, **kwargs) -> Trace:
+def per_call_run(engine: Engine, monkeypatch, request: GenerationRequest) -> Trace:
     every_layer = frozenset(f"layers.{i}" for i in range(engine.args.n_layers)) | \
         frozenset(f"mtp.{i}" for i in range(engine.args.n_mtp_layers))
     trace = PerCallTrace(TraceBudget(**INSPECT, layers=every_layer))
@@ -67,7 +70,7 @@ def per_call_run(engine: Engine, monkeypatch, **kwargs) -> Trace:
             init(self, *args)
             self.batched = False
         m.setattr(lens_reads.LensReads, "__init__", per_layer)
-        engine.generate(**kwargs, trace=trace)
+        engine.generate([PROMPT], replace(request, trace=trace))
     return trace
 
 
@@ -80,14 +83,14 @@ def test_decode_records_equal_the_per_call_path_bit_for_bit(engines, monkeypatch
     V4.1 and V4, and the static decode body's records (graphed: handed over from its trace buffers). DSpark: verify
     blocks and rollbacks between the decode steps."""
     engine = loaded(engines, name)
-    kwargs = {"prompts": [PROMPT], "max_new_tokens": new_tokens}
+    request = GenerationRequest.greedy(new_tokens)
     if case == "dspark":
-        kwargs["dspark"] = DSparkConfig()
-    if case == "graphed":
-        kwargs["cuda_graphs"] = True   # on the CPU the static decode body runs eagerly, recording into its buffers
+        request = replace(request, dspark=DSparkConfig())
+    if case == "graphed":   # on the CPU the static decode body runs eagerly, recording into its buffers
+        request = replace(request, cuda_graphs=True)
     fast = Trace(TraceBudget(**INSPECT))
-    engine.generate(**kwargs, trace=fast)
-    slow = per_call_run(engine, monkeypatch, **kwargs)
+    engine.generate([PROMPT], replace(request, trace=fast))
+    slow = per_call_run(engine, monkeypatch, request)
     if case == "dspark":
         assert any(s.accepted < s.verify_len for s in fast.dspark_steps)   # rollbacks happened
     assert fast.summary()["records"] == slow.summary()["records"]
@@ -114,7 +117,7 @@ def test_v4_streams_are_kept_for_the_lens_only_while_small(engines, monkeypatch)
             m.setattr(lens_reads.LensReads, "__init__", noting)
             for engine in (v4, v41):
                 trace = Trace(TraceBudget(lens=True))
-                engine.generate([PROMPT], max_new_tokens=3, trace=trace)
+                engine.generate([PROMPT], GenerationRequest.of(3, trace=trace))
                 if engine is v4:
                     v4_lens.append(trace.table("lens"))
         assert batched == want, limit

@@ -13,6 +13,7 @@ from engine.cli import build_parser
 from engine.generation import Engine, generate
 from engine.generation.speculative import generate_speculative
 from engine.model import EngineOptions
+from engine.request import GenerationRequest
 from engine.training.continuations import (
     FILE_FORMAT,
     ContinuationSpec,
@@ -49,7 +50,7 @@ def test_rows_are_training_prompts_followed_by_the_models_greedy_continuation(ro
     model = backbone()
     for row in rows:
         assert row[:5].tobytes() in text                                   # a slice of the training stream
-        greedy = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=()).tokens[0]
+        greedy = generate(model, [row[:5].tolist()], GenerationRequest.of(20, stop_tokens=())).tokens[0]
         assert row[5:].tolist() == greedy                                  # batching changed nothing
     again = make_continuations(Engine(backbone()), CORPUS,
                                ContinuationSpec(sequences=6, prompt_len=5, new_tokens=20, batch=4))
@@ -70,7 +71,8 @@ def test_sampled_rows_are_the_models_draws_seeded_per_row_whatever_the_batch(row
     model = backbone()
     seeds = np.random.default_rng([0, 1]).integers(0, 2**63 - 1, 6)      # the documented rule: per row, from seed
     for row, seed in zip(sampled, seeds.tolist()):
-        alone = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=(), temperature=1.0, seed=seed)
+        alone = generate(model, [row[:5].tolist()],
+                         GenerationRequest.of(20, stop_tokens=(), temperature=1.0, seed=seed))
         assert row[5:].tolist() == alone.tokens[0]
     other = make_continuations(Engine(backbone()), CORPUS, dataclasses.replace(spec, temperature=0.5))
     assert not np.array_equal(sampled[:, 5:], other[:, 5:])
@@ -90,8 +92,9 @@ def test_rows_under_a_repetition_penalty_are_the_models_own_under_it(rows):
         got = make_continuations(Engine(backbone()), CORPUS, spec)
         assert np.array_equal(got[:, :5], rows[:, :5])
         for row, seed in zip(got, seeds.tolist()):
-            alone = generate(model, [row[:5].tolist()], max_new_tokens=20, stop_tokens=(), temperature=temperature,
-                             seed=seed, repetition_penalty=1.4)
+            alone = generate(model, [row[:5].tolist()],
+                             GenerationRequest.of(20, stop_tokens=(), temperature=temperature, seed=seed,
+                                                  repetition_penalty=1.4))
             assert row[5:].tolist() == alone.tokens[0]
         if temperature == 0:
             assert not np.array_equal(got[:, 5:], rows[:, 5:])
@@ -165,7 +168,7 @@ def test_training_on_continuations_raises_greedy_acceptance_on_them(rows, tmp_pa
     prompts = [r[:5].tolist() for r in rows]
 
     def accepted() -> float:
-        res = generate_speculative(model, prompts, max_new_tokens=20, temperature=0.0)
+        res = generate_speculative(model, prompts, GenerationRequest.of(20, temperature=0.0))
         return res.metrics.mean_accepted_length
 
     with torch.no_grad():

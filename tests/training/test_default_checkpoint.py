@@ -12,6 +12,7 @@ import torch
 from engine.cli import main as cli_main
 from engine.dspark.metrics import summarize
 from engine.generation import DSparkConfig, Engine, generate_speculative
+from engine.request import GenerationRequest
 from engine.training.card import (
     balance_table,
     bits_per_byte,
@@ -65,11 +66,12 @@ def test_shipped_files_fit_the_size_budget():
 
 
 def test_greedy_and_seeded_sampling_are_deterministic(engine):
-    greedy = [engine.generate_text("ROMEO:", max_new_tokens=24).texts[0] for _ in range(2)]
+    greedy = [engine.generate_text("ROMEO:", GenerationRequest.greedy(24)).texts[0] for _ in range(2)]
     assert greedy[0] == greedy[1] and greedy[0].strip()
-    sampled = [engine.generate_text("JULIET:", max_new_tokens=24, temperature=0.8, seed=7).texts[0] for _ in range(2)]
+    sampled = [engine.generate_text("JULIET:", GenerationRequest.of(24, temperature=0.8,
+                                                                    seed=7)).texts[0] for _ in range(2)]
     assert sampled[0] == sampled[1]
-    other = engine.generate_text("JULIET:", max_new_tokens=24, temperature=0.8, seed=8).texts[0]
+    other = engine.generate_text("JULIET:", GenerationRequest.of(24, temperature=0.8, seed=8)).texts[0]
     assert other != sampled[0]  # the seed is what fixes the sample
 
 
@@ -128,9 +130,9 @@ def test_card_dspark_accepted_length_is_remeasured_equal(engine, card):
     d, settings = card["dspark"], card["sample_settings"]
     options = card["decoding_options"]
     for key, extra in (("T=0", {}), ("T=0, options", options)):
-        runs = [generate_speculative(engine.model, [engine.encode(p)], max_new_tokens=d["new_tokens"], temperature=0.0,
-                                     seed=settings["seed"], stop_tokens=(), dspark=DSparkConfig(), **extra)
-                for p in d["prompts"]]
+        request = GenerationRequest.of(d["new_tokens"], temperature=0.0, seed=settings["seed"], stop_tokens=(),
+                                       dspark=DSparkConfig(), **extra)
+        runs = [generate_speculative(engine.model, [engine.encode(p)], request) for p in d["prompts"]]
         accepted = summarize([s for r in runs for s in r.steps]).mean_accepted_length
         assert accepted == pytest.approx(d[key]["mean_accepted_length"], rel=1e-12)
         assert [len(r.steps) for r in runs] == [row["steps"] for row in d[key]["per_prompt"]]

@@ -15,6 +15,7 @@ from engine.cli import main as cli_main
 from engine.dspark.metrics import summarize
 from engine.generation import Engine
 from engine.generation.speculative import generate_speculative
+from engine.request import GenerationRequest
 from engine.text.tokenizer import load_tokenizer
 from engine.text.vocab import IdMap
 from engine.training.card import build_card
@@ -79,8 +80,8 @@ def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
     for key, t, options in (("T=0", 0.0, {}), ("T=1", 1.0, {}),
                             ("T=0, options", 0.0, {"repetition_penalty": 1.3, "no_repeat_ngram": 3})):
         # the accepted lengths are recomputed from fresh seeded runs, one prompt at a time
-        kw = dict(max_new_tokens=OPTS.new_tokens, temperature=t, seed=OPTS.seed, stop_tokens=(), **options)
-        runs = [generate_speculative(engine.model, [engine.encode(p)], **kw) for p in prompts]
+        request = GenerationRequest.of(OPTS.new_tokens, temperature=t, seed=OPTS.seed, stop_tokens=(), **options)
+        runs = [generate_speculative(engine.model, [engine.encode(p)], request) for p in prompts]
         again = summarize([s for r in runs for s in r.steps])
         r = d[key]
         assert r["mean_accepted_length"] == pytest.approx(again.mean_accepted_length)
@@ -90,7 +91,7 @@ def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
         assert 0 < low <= high and d["repeats"] == OPTS.repeats
         assert len(r["per_prompt"]) == len(prompts)
         for run, row, p in zip(runs, r["per_prompt"], prompts):
-            plain = engine.generate([engine.encode(p)], **kw).tokens
+            plain = engine.generate([engine.encode(p)], request).tokens
             assert row["steps"] == len(run.steps)
             assert row["mean_accepted_length"] == pytest.approx(summarize(run.steps).mean_accepted_length)
             assert row["outputs_identical"] == (plain == run.tokens)
@@ -99,8 +100,9 @@ def test_balance_engram_dspark_and_samples_are_measured(card_inputs):
     assert card["measured"]["torch"] == torch.__version__ and card["measured"]["threads"] == torch.get_num_threads()
     assert len(card["measured"]["date"]) == 10 and "cores" in card["measured"]["machine"]
     assert [s["prompt"] for s in card["samples"]] == list(PROMPTS)
-    again = Engine.load(checkpoint=ckpt).generate_text("ROMEO:", max_new_tokens=OPTS.new_tokens, seed=OPTS.seed,
-                                                       temperature=OPTS.sample_temperature)
+    again = Engine.load(checkpoint=ckpt).generate_text("ROMEO:",
+                                                       GenerationRequest.of(OPTS.new_tokens, seed=OPTS.seed,
+                                                                            temperature=OPTS.sample_temperature))
     assert card["samples"][0]["text"] == again.texts[0]  # fixed seed: the sample is reproducible
 
 
@@ -211,8 +213,8 @@ def test_text_quality_is_remeasured_from_fresh_greedy_runs(card_inputs):
     assert (q["runs"]["off"]["repetition_penalty"], q["runs"]["off"]["no_repeat_ngram"]) == (1.0, 0)
     for name, options in (("off", {}), ("options", {"repetition_penalty": 1.3, "no_repeat_ngram": 3})):
         run = q["runs"][name]
-        result = engine.generate([engine.encode(p) for p in q["prompts"]], max_new_tokens=OPTS.quality_tokens,
-                                 **options)
+        result = engine.generate([engine.encode(p) for p in q["prompts"]],
+                                 GenerationRequest.of(OPTS.quality_tokens, **options))
         blank = tokens = words = known_words = 0
         for row, ids in zip(run["per_prompt"], result.tokens):
             assert row["text"] == tok.decode(ids) and row["tokens"] == len(ids) <= OPTS.quality_tokens

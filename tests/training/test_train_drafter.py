@@ -9,6 +9,7 @@ from engine.checkpoint.store import load_checkpoint
 from engine.cli import build_parser
 from engine.generation.speculative import generate_speculative
 from engine.model import EngineOptions
+from engine.request import GenerationRequest
 from engine.training.train import TrainConfig, Trainer
 from engine.training.train_drafter import (
     DrafterTrainConfig,
@@ -51,7 +52,7 @@ def load_backbone(backbone_dir):
 
 
 def mean_accepted_length(model) -> float:
-    res = generate_speculative(model, [PATTERN * 2], max_new_tokens=30, temperature=0.0)
+    res = generate_speculative(model, [PATTERN * 2], GenerationRequest.of(30, temperature=0.0))
     assert res.tokens[0][:14] == PATTERN * 2      # the backbone continues the pattern (lossless greedy)
     return res.metrics.mean_accepted_length
 

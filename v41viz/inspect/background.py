@@ -9,7 +9,8 @@ import traceback
 
 from engine.spec.errors import EngineError
 
-from .run import GenSettings, LiveRun, StopRequested, generate_into
+from .engine_run import generate_into
+from .run import GenSettings, LiveRun, StopRequested
 from .trace_model import record_texts
 
 

@@ -1,18 +1,17 @@
-"""One Inspect generation (no Streamlit): settings, the traced run it produces, and the streaming loop."""
+"""One Inspect generation (no Streamlit, no torch): its settings and the traced run they produce (the loop that runs
+it on an engine: v41viz.inspect.engine_run)."""
 from __future__ import annotations
 
 import itertools
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.dspark.config import SCHEDULES, DSparkConfig
-from engine.dspark.profile import load_or_profile
-from engine.model.sampling import check_repetition, check_sampling
-from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from engine.request.interventions import parse_intervention
+from engine.request.sampling import check_repetition, check_sampling
+from engine.request.schedules import SCHEDULES
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
 from engine.text.prompt_text import check_prompt_text
 from engine.trace import Trace, TraceBudget
 
@@ -136,63 +135,8 @@ def new_trace(settings: GenSettings, model: str, weights: str, args=None) -> Tra
     return Trace(TraceBudget(max_tokens=TRACE_MAX_TOKENS, attention=settings.attention, lens=True), meta=meta)
 
 
-def dspark_config(engine, settings: GenSettings, run: LiveRun | None = None) -> DSparkConfig | None:
-    """The DSparkConfig of the settings, or None when DSpark is off. The auto schedule needs this machine's
-    throughput table: read, or profiled once and stored; the run's phase and progress say which."""
-    if not settings.dspark:
-        return None
-    if settings.schedule != "auto":
-        return DSparkConfig.from_settings(settings.schedule, settings.threshold, engine.model)
-    if engine.model is None:  # an engine service: its weights live in the ranks, not in this process
-        raise InputError("the auto DSpark schedule profiles the model in this process, but this engine runs as a "
-                         "service (its ranks hold the weights): pick the all or threshold schedule")
-    t0 = time.perf_counter()
-
-    def progress(done: int, total: int) -> None:
-        if run is not None:
-            run.phase, run.profiled = "profiling", (done, total)
-            if run.stop_requested.is_set():
-                raise StopRequested
-    if run is not None:
-        run.phase = "schedule"
-    table = load_or_profile(engine.model, on_progress=progress)
-    if run is not None and run.phase == "profiling":
-        run.profile_s = time.perf_counter() - t0
-    return DSparkConfig("auto", threshold=settings.threshold, sps=table)
-
-
 class StopRequested(Exception):
     """Raised inside the generation loop when the user asked it to stop (the trace keeps what was made)."""
-
-
-def generate_into(engine, settings: GenSettings, run: LiveRun, on_piece: Callable[[LiveRun, str], None]) -> None:
-    """Generate with the run's trace; on_piece(run, text) after each decoded piece. Updates run in place, so
-    an interrupted generation (the Stop button) leaves what it produced."""
-    # the Engine loads torch: the Inspect page shows a saved trace without it
-    from engine.generation import TextStream
-    ids = [engine.encode_prompt(settings.prompt)]
-    stream = TextStream(engine.tokenizer)
-    dspark = dspark_config(engine, settings, run)
-    run.phase = "prefill"
-
-    def on_token(_row: int, token: int, _info) -> None:
-        run.phase = "decoding"
-        run.n_tokens += 1
-        run.elapsed_s = time.perf_counter() - run.started
-        if run.first_token_s is None:
-            run.first_token_s = run.elapsed_s
-        piece = stream.push(token)
-        run.text += piece
-        on_piece(run, piece)
-
-    changes = {"interventions": settings.interventions} if settings.interventions else {}   # (an older service)
-    if settings.repetition_penalty != 1 or settings.no_repeat_ngram:
-        changes.update(repetition_penalty=settings.repetition_penalty, no_repeat_ngram=settings.no_repeat_ngram)
-    result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                             top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed, trace=run.trace,
-                             on_token=on_token, dspark=dspark, **changes)
-    run.elapsed_s = time.perf_counter() - run.started
-    run.finish, run.status = result.finish_reasons[0], "done"
 
 
 def status_sentence(run: LiveRun) -> str:

@@ -2,8 +2,8 @@
 trace may be old or hand-edited). Torch-free: pages that only show traces use it."""
 from __future__ import annotations
 
+from engine.request.interventions import parse_intervention
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
 
 
 def settings_of(meta: dict) -> dict[str, object]:

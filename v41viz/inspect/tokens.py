@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from engine.spec.decoding_options import option_phrases
+from engine.request.decoding import option_phrases
 from engine.trace import Trace
 
 from .run_meta import settings_of

@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.dspark.config import SCHEDULES
+from engine.request.interventions import parse_intervention
+from engine.request.schedules import SCHEDULES
 from engine.spec.errors import InputError
-from engine.spec.interventions import parse_intervention
 
 from .equivalent import NODE
 from .links import PANELS

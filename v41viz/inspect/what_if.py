@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.dspark.config import SCHEDULES
-from engine.spec.interventions import KINDS, check_interventions, parse_intervention
+from engine.request.interventions import KINDS, check_interventions, parse_intervention
+from engine.request.schedules import SCHEDULES
 from engine.trace import Trace
 
 from .panel_style import thinned_categories, titled

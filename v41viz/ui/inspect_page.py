@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.spec.decoding_options import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
+from engine.request.schedules import SCHEDULES
 
 from ..inspect.export import trace_from_upload
-from ..inspect.run import SCHEDULES, GenSettings, LiveRun, status_sentence
+from ..inspect.run import GenSettings, LiveRun, status_sentence
 from ..inspect.run_meta import settings_line, settings_of
 from ..inspect.tokens import literal_text_html, whitespace_note
 from . import engine_session

@@ -6,10 +6,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from ..spec.errors import InputError
 
 if TYPE_CHECKING:
-    from .config import ModelArgs
+    from ..spec.config import ModelArgs
 
 KINDS = ("engram-off", "ban-expert", "force-expert", "mhc-identity", "no-candidate-filter", "drop-stage")
 # the integer fields each kind's text carries after its name, in order
