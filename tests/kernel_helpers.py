@@ -11,7 +11,8 @@ import torch
 NATIVE = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "").strip() not in ("1", "true", "on")
 if not NATIVE:
     os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="the 'triton' package is not installed or does not import: kernel tests cannot run",
+pytest.importorskip("triton",
+                    reason="the 'triton' package is not installed or does not import: kernel tests cannot run",
                     exc_type=ImportError)
 
 DEVICE = torch.device("cuda" if NATIVE else "cpu")

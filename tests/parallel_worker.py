@@ -1,4 +1,4 @@
-"""One rank of a parallel test, started by torchrun: build this rank's shard and run the shared cases, or fail on purpose."""
+"""One rank of a parallel test, started by torchrun: build its shard, run the shared cases, or fail on purpose."""
 from __future__ import annotations
 
 import argparse

@@ -42,10 +42,10 @@ class BenchResult:
     def lines(self) -> list[str]:
         return [f"{self.config} on {self.device} ({self.machine}, {self.threads} torch threads); batch {self.batch}, "
                 f"prompt {self.prompt_len}, {self.new_tokens} new tokens, {self.dtype}, median of {self.repeats}",
-                f"  prefill {self.prefill_tokens_per_s:10,.1f} tokens/s   traced {self.traced_prefill_tokens_per_s:10,.1f}"
-                f"   overhead x{self.trace_overhead_prefill:.2f}",
-                f"  decode  {self.decode_tokens_per_s:10,.1f} tokens/s   traced {self.traced_decode_tokens_per_s:10,.1f}"
-                f"   overhead x{self.trace_overhead_decode:.2f}"]
+                f"  prefill {self.prefill_tokens_per_s:10,.1f} tokens/s   "
+                f"traced {self.traced_prefill_tokens_per_s:10,.1f}   overhead x{self.trace_overhead_prefill:.2f}",
+                f"  decode  {self.decode_tokens_per_s:10,.1f} tokens/s   "
+                f"traced {self.traced_decode_tokens_per_s:10,.1f}   overhead x{self.trace_overhead_decode:.2f}"]
 
 
 def check_sizes(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> None:

@@ -77,7 +77,8 @@ class GpuBenchResult:
         out.append(f"  decode tokens/s with {how}: torch {self.decode_tokens_per_s_graphs:,.1f}, "
                    f"triton kernels {self.decode_tokens_per_s_triton_graphs:,.1f}")
         if self.floor_ms is not None:
-            out.append(f"  floor per step {self.floor_ms:.3f} ms = {self.weight_bytes_per_step / 1e6:,.1f} MB weights at "
+            out.append(f"  floor per step {self.floor_ms:.3f} ms = "
+                       f"{self.weight_bytes_per_step / 1e6:,.1f} MB weights at "
                        f"{self.bandwidth_gb_s:,.0f} GB/s + launches × {self.launch_overhead_us:.1f} µs")
         return out
 
@@ -281,4 +282,5 @@ def graph_decode_rates(args: ModelArgs, *, batch: int, prompt_len: int, steps: i
 
 def graph_rate_lines(rates: dict) -> list[str]:
     how = "CUDA graphs" if rates["captured"] else "GraphedDecoder eager replay (no CUDA here)"
-    return [f"decode tokens/s: plain {rates['decode_tokens_per_s']:,.1f}, {how} {rates['decode_tokens_per_s_graphs']:,.1f}"]
+    return [f"decode tokens/s: plain {rates['decode_tokens_per_s']:,.1f}, "
+            f"{how} {rates['decode_tokens_per_s_graphs']:,.1f}"]

@@ -98,7 +98,8 @@ class ShardRows:
         return {**self.__dict__, "_file": None}
 
     def __repr__(self) -> str:
-        return f"ShardRows({self.name!r} {list(self.shape)} {str(self.dtype).removeprefix('torch.')} in {self.shard.name})"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"ShardRows({self.name!r} {list(self.shape)} {dtype} in {self.shard.name})"
 
 
 class OfficialCheckpoint:

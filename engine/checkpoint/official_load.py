@@ -63,8 +63,8 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
     Every tensor's name, dtype and shape is checked (OfficialCheckpoint.locate) before anything is modified. The
     values are checked as they are copied, in the one pass that reads them (finite.py: NaN / Inf, NaN codes, scales
     that overflow their block, a dequantized weight after dequantization; table_range.py: hash-routing expert ids):
-    a damaged tensor stops the load with CheckpointError and leaves the model partly filled (load_official_model discards it). Host-resident rows are
-    checked as they are read (ShardRows). Returns the metadata."""
+    a damaged tensor stops the load with CheckpointError and leaves the model partly filled (load_official_model
+    discards it). Host-resident rows are checked as they are read (ShardRows). Returns the metadata."""
     ckpt = OfficialCheckpoint(path)
     args = args or model.args
     plan = plan or plan_load(model, args)
@@ -72,7 +72,8 @@ def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None 
     located = ckpt.locate(plan.needed(), inventory)
     state = model.state_dict()
     with torch.no_grad():
-        scales = {n: t.clone() for n, t in ckpt.tensors({scale_name(n): located[scale_name(n)] for n in plan.dequantized})}
+        scale_spans = {scale_name(n): located[scale_name(n)] for n in plan.dequantized}
+        scales = {n: t.clone() for n, t in ckpt.tensors(scale_spans)}
         for name, stored in ckpt.tensors({n: located[n] for n in plan.stored}):
             if name in plan.dequantized:
                 stored = _dequantize(name, stored, scales.pop(scale_name(name)), located[name].spec, args)
@@ -127,7 +128,8 @@ def _dequantized(state: dict[str, torch.Tensor], inventory: dict[str, TensorSpec
                             f"{spec.dtype}")
             continue
         if tuple(target.shape) != want:
-            problems.append(f"the model's '{name}' has shape {list(target.shape)}; the stored tensor needs {list(want)}")
+            problems.append(f"the model's '{name}' has shape {list(target.shape)}; "
+                            f"the stored tensor needs {list(want)}")
     return dequantized, problems
 
 
@@ -143,7 +145,8 @@ def _check_values(name: str, stored: torch.Tensor, located: dict[str, Located],
         check_scale_range(stored, name, located[weight_name(name)].spec.dtype, where)
 
 
-def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: TensorSpec, args: ModelArgs) -> torch.Tensor:
+def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: TensorSpec,
+                args: ModelArgs) -> torch.Tensor:
     if spec.dtype == "I8":
         return dequantize_fp4(stored, scale)
     return dequantize_fp8(stored, scale, scale_block(name, spec.dtype, args))

@@ -118,8 +118,9 @@ def _weights_folder(path: str | Path) -> Path:
 def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> dict[str, Any]:
     """Check every tensor against model.state_dict() (names, shapes, dtypes), every value for NaN / Inf and every
     routing table for expert ids the model lacks (table_range.py), then copy them in (cast to the model's dtype).
-    Nothing is modified unless the whole checkpoint fits and is finite: the tensors are memory-mapped views, all checked before the first is copied. prefix: only the
-    tensors whose names start with it, on both sides (e.g. "mtp." to take another checkpoint's drafter).
+    Nothing is modified unless the whole checkpoint fits and is finite: the tensors are memory-mapped views, all
+    checked before the first is copied. prefix: only the tensors whose names start with it, on both sides (e.g.
+    "mtp." to take another checkpoint's drafter).
     Returns the file metadata."""
     files = checkpoint_files(path)
     found = read_header(files)

@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write that object as a results file, with the command, date, commit, machine and "
                              "load (docs/results/engine_bench.json)")
     parser.add_argument("--gpu", action="store_true",
-                        help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, decode tokens/s "
-                             "with and without kernels, and the bandwidth floor (CUDA; on CPU only under TRITON_INTERPRET=1)")
+                        help="add the GPU section: Triton kernels vs PyTorch, launches per decode step, "
+                             "decode tokens/s with and without kernels, and the bandwidth floor "
+                             "(CUDA; on CPU only under TRITON_INTERPRET=1)")
     parser.add_argument("--kernel-config", help="config whose widths the per-kernel timings use (default: --config)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="add decode tokens/s through CUDA graphs (engine.graphs; on the CPU an eager replay "

@@ -19,7 +19,8 @@ HELP = "measure a trained checkpoint (held-out loss vs unigram, expert balance, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # training.card loads torch: only when this command's options are built
     from ..training.card import CardOptions
-    parser.add_argument("checkpoint", help="checkpoint directory (model.safetensors, config.json, log.csv, id_map.json)")
+    parser.add_argument("checkpoint",
+                        help="checkpoint directory (model.safetensors, config.json, log.csv, id_map.json)")
     parser.add_argument("--data", default="data/shakespeare", help="directory written by prepare_data")
     add_config_options(parser, CardOptions)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")

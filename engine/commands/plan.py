@@ -19,16 +19,19 @@ HELP = "print a memory plan: weights, Engram, KV caches and buffers placed on N 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = Hardware()
     parser.add_argument("config", metavar="CONFIG_OR_CHECKPOINT",
-                        help="a preset name from configs/, a config.json path, or a checkpoint folder (its config.json)")
+                        help="a preset name from configs/, a config.json path, "
+                             "or a checkpoint folder (its config.json)")
     parser.add_argument("--gpus", type=int, default=d.gpus, help=f"number of GPUs (default {d.gpus})")
     parser.add_argument("--gpu-mem", type=float, default=d.gpu_mem_gib, help=f"GiB per GPU (default {d.gpu_mem_gib:g})")
-    parser.add_argument("--host-mem", type=float, default=d.host_mem_gib, help=f"host RAM in GiB (default {d.host_mem_gib:g})")
+    parser.add_argument("--host-mem", type=float, default=d.host_mem_gib,
+                        help=f"host RAM in GiB (default {d.host_mem_gib:g})")
     parser.add_argument("--context", type=int, default=d.context, help=f"tokens per sequence (default {d.context})")
     parser.add_argument("--batch", type=int, default=d.batch, help=f"sequences served at once (default {d.batch})")
     parser.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
                         help=f"prompt tokens per prefill step, sizes the activations (default {d.prefill_chunk})")
     parser.add_argument("--reserve", type=float, default=d.reserve_gib,
-                        help=f"GiB per GPU kept for CUDA context, buffers and allocator slack (default {d.reserve_gib:g})")
+                        help=f"GiB per GPU kept for CUDA context, buffers and allocator slack "
+                             f"(default {d.reserve_gib:g})")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 

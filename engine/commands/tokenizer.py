@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--ids", help="comma- or space-separated token ids to decode")
     what.add_argument("--engram-map", action="store_true",
                       help="load (or build) the Engram compressed-token map and print its sizes and timing")
-    parser.add_argument("--rebuild", action="store_true", help="with --engram-map: ignore the caches, time a cold build")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="with --engram-map: ignore the caches, time a cold build")
     parser.add_argument("--cache-dir", help="with --engram-map: where the map is cached (default: <repo>/.cache)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -81,7 +82,8 @@ def _as_text(report: dict) -> str:
                 f"token map            {how} in {report['seconds']:.3f} s\n"
                 f"cache                {report['cache']}")
     if "tokens" in report:
-        lines = [f"{len(report['ids'])} tokens"] + [f"{i:>8}  {_shown(t)}" for i, t in zip(report["ids"], report["tokens"])]
+        lines = [f"{len(report['ids'])} tokens"] + [f"{i:>8}  {_shown(t)}"
+                                                     for i, t in zip(report["ids"], report["tokens"])]
         if "n_tokens" not in report:
             lines.append(f"text: {_shown(report['text'])}")
         return "\n".join(lines)

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     rows = trainer.run(progress=not args.no_progress)
     if rows:
         last = rows[-1]
-        print(f"step {last['step']}: train loss {last['train_loss']:.4f}, held-out loss {last.get('heldout_loss', float('nan')):.4f}, "
+        heldout_loss = last.get("heldout_loss", float("nan"))
+        print(f"step {last['step']}: train loss {last['train_loss']:.4f}, held-out loss {heldout_loss:.4f}, "
               f"{trainer.tokens:,} tokens in {trainer.elapsed:.0f} s; checkpoint in {args.out}")
     if args.export:
         file = trainer.export(args.export)
@@ -59,7 +60,8 @@ def check_vocabulary(model_args, id_map, config_path, id_map_path) -> None:
     noise = id_map.model_id(NOISE_ID)
     if id_map.vocab_size != model_args.vocab_size:
         raise InputError(f"{config_path}: vocab_size {model_args.vocab_size} differs from the {id_map.vocab_size} ids "
-                         f"of {id_map_path}; set vocab_size to {id_map.vocab_size} and dspark_noise_token_id to {noise}")
+                         f"of {id_map_path}; set vocab_size to {id_map.vocab_size} "
+                         f"and dspark_noise_token_id to {noise}")
     if model_args.has_dspark and model_args.dspark_noise_token_id != noise:
         raise InputError(f"{config_path}: dspark_noise_token_id is {model_args.dspark_noise_token_id}, but the noise "
                          f"token {NOISE_ID} is model id {noise} under {id_map_path}")

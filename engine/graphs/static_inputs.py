@@ -1,4 +1,4 @@
-"""DecodeInputs: the static device buffers one decode bucket reads (tokens, positions, rows, Engram ids) and writes (logits)."""
+"""DecodeInputs: static device buffers a decode bucket reads (tokens, positions, rows, Engram ids), writes (logits)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""TraceBuffers: trace records of a static decode body kept in fixed device buffers, handed to a Trace after each step."""
+"""TraceBuffers: trace records of a static decode body kept in fixed device buffers, given to a Trace each step."""
 from __future__ import annotations
 
 import torch

@@ -34,7 +34,8 @@ def engram_gate_add_kernel(h_ptr, kv_ptr, q_ptr, k_ptr, live_ptr, out_ptr, gate_
         at = hc[:, None] * D + d[None, :]
         h = tl.load(h_ptr + n * HC * D + at, mask=m, other=0.0).to(tl.float32)
         key = tl.load(kv_ptr + n * (HC + 1) * D + at, mask=m, other=0.0).to(tl.float32)
-        w = tl.load(q_ptr + at, mask=m, other=0.0).to(tl.float32) * tl.load(k_ptr + at, mask=m, other=0.0).to(tl.float32)
+        w = (tl.load(q_ptr + at, mask=m, other=0.0).to(tl.float32)
+             * tl.load(k_ptr + at, mask=m, other=0.0).to(tl.float32))
         ss_h += tl.sum(h * h, axis=1)
         ss_k += tl.sum(key * key, axis=1)
         dot += tl.sum(h * w * key, axis=1)

@@ -103,7 +103,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, topk: in
     chosen = torch.empty(N, topk, dtype=torch.float32, device=dev)
     block_e = block(E, 1 << 20)
     if N:
-        compiled_for(router_kernel, dev)[(N,)](x, weight, bias, bias_vl if has_vision else bias, vision if has_vision else bias,
+        compiled_for(router_kernel, dev)[(N,)](x, weight, bias, bias_vl if has_vision else bias,
+                            vision if has_vision else bias,
                             weights, ids, chosen, dim, E, float(temp), float(route_scale),
                             K=topk, BLOCK_K=block(topk, 1 << 20), BLOCK_E=block_e,
                             BLOCK_DIM=block(dim, max(16, 8192 // block_e) if not _wide(dev) else 512),
@@ -197,7 +198,8 @@ def engram_gather(table: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
     if row_ids.dim() < 1 or cols == 0:
         raise KernelInputError(f"row_ids must be [..., cols] with cols ≥ 1, got shape {list(row_ids.shape)}")
     if dev.type == "cpu" and row_ids.numel() and (int(row_ids.min()) < 0 or int(row_ids.max()) >= R):
-        raise KernelInputError(f"Engram row ids must lie in 0..{R - 1}, found {int(row_ids.min())}..{int(row_ids.max())}")
+        raise KernelInputError(f"Engram row ids must lie in 0..{R - 1}, "
+                               f"found {int(row_ids.min())}..{int(row_ids.max())}")
     # triton is optional (the gpu extra): the kernel module loads only when launched
     from .engram import engram_gather_kernel
 
@@ -230,7 +232,8 @@ def engram_gate_add(h: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k
     out = torch.empty_like(h)
     gates = torch.empty(B, S, hc, dtype=torch.float32, device=dev)
     if B * S:
-        compiled_for(engram_gate_add_kernel, dev)[(B * S,)](h, kv, q_weight, k_weight, live if live is not None else h, out, gates,
+        compiled_for(engram_gate_add_kernel, dev)[(B * S,)](h, kv, q_weight, k_weight,
+                                         live if live is not None else h, out, gates,
                                          D, float(eps), float(D) ** -0.5, HC=hc,
                                          BLOCK_D=block(D, 1024 if _wide(dev) else 128), HAS_LIVE=live is not None)
     return out, gates

@@ -19,7 +19,8 @@ class Block(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.role, self.path = role, role.path
-        self.hc, self.iters, self.hc_eps, self.norm_eps = args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps
+        self.hc, self.iters, self.hc_eps, self.norm_eps = (args.hc_mult, args.hc_sinkhorn_iters,
+                                                           args.hc_eps, args.norm_eps)
         self.single_pass = family_roles(args).single_pass_mhc
         self.sinkhorn = sinkhorn  # the op, swappable for an equivalent one (engine.speedups)
         kw = dict(dtype=dtype, device=device)

@@ -106,7 +106,8 @@ class ModelCache:
     def rollback(self, pos: int | torch.Tensor, rows: Rows | None = None) -> None:
         """Return rows to position `pos` (int or per-row tensor): the state becomes exactly what it was
         when those rows were last at that position. Only the last `margin` positions are restorable."""
-        rows = torch.arange(self.batch_size) if rows is None else self.resolve_rows(rows, len(torch.as_tensor(rows).flatten()))
+        rows = (torch.arange(self.batch_size) if rows is None
+                else self.resolve_rows(rows, len(torch.as_tensor(rows).flatten())))
         target = torch.as_tensor(pos, dtype=torch.long).cpu().expand(rows.shape).clone()
         cur, hw = self.pos[rows], self.high_water[rows]
         for b, r in enumerate(rows.tolist()):

@@ -234,8 +234,8 @@ class Transformer(HCHead):
         if self.ngram is None:
             return None
         if self.token_map is None:
-            raise InputError("this model has Engram layers: pass token_map (engine.text.engram_map) to Transformer(...) "
-                             "or call model.set_token_map(...) before running it")
+            raise InputError("this model has Engram layers: pass token_map (engine.text.engram_map) "
+                             "to Transformer(...) or call model.set_token_map(...) before running it")
         comp = self.token_map[tokens]                                          # [B, S]
         if image_mask is not None:
             comp = comp.masked_fill(image_mask.cpu(), DEAD)

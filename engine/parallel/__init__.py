@@ -1,4 +1,4 @@
-"""Tensor and expert parallelism on torch.distributed (torchrun; gloo on the CPU, NCCL on GPUs), as a transform of the reference model."""
+"""Tensor/expert parallelism on torch.distributed (torchrun; gloo on CPU, NCCL on GPU): a reference-model transform."""
 from .load import build_shard, shard_for_launch
 from .shard import Layout, Source, shard_model
 from .world import DistributedError, World, is_main_process, join_world, launched_size, leave_world, main_rank_output

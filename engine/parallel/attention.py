@@ -42,7 +42,8 @@ class HeadParallelAttention(Attention):
         trace = ctx.trace
         if trace is None or not trace.wants_attention(f"{self.role.path}.attn"):
             return super().forward(x, ctx)
-        ctx.trace = AllHeadsTrace(trace, self.n_heads / self.heads_total, self.wo_b.group, f"{self.role.path}.attn trace")
+        ctx.trace = AllHeadsTrace(trace, self.n_heads / self.heads_total, self.wo_b.group,
+                                  f"{self.role.path}.attn trace")
         try:
             return super().forward(x, ctx)
         finally:

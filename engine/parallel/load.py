@@ -1,4 +1,4 @@
-"""Building a rank's shard: seeded random init of the full model then slicing, or reading only its parts of a checkpoint."""
+"""Building a rank's shard: seeded random init of the full model, then slicing, or reading its parts of a checkpoint."""
 from __future__ import annotations
 
 from pathlib import Path

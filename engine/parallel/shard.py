@@ -1,4 +1,4 @@
-"""The tensor/expert-parallel layout of a V4.1 model on N ranks, and the transform that turns a built model into a rank's shard."""
+"""Tensor/expert-parallel layout of a V4.1 model on N ranks, and the transform of a built model into a rank's shard."""
 from __future__ import annotations
 
 import re

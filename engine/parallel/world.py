@@ -134,8 +134,8 @@ def _end_with_launcher() -> None:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(2.0)
-        print(f"error: rank {dist.get_rank()}: the launcher (pid {launcher}) is gone; ending this rank", file=sys.stderr,
-              flush=True)
+        print(f"error: rank {dist.get_rank()}: the launcher (pid {launcher}) is gone; ending this rank",
+              file=sys.stderr, flush=True)
         os._exit(3)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

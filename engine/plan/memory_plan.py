@@ -30,7 +30,8 @@ RULES = {
 }
 REPLICATED = "replicated on every GPU (small)"
 RUNTIME_RULES = {
-    "wo_a": "attn.wo_a dequantized to BF16 at load (spec §2.4): BF16 size minus its FP8 weight + scale, split like wo_a",
+    "wo_a": "attn.wo_a dequantized to BF16 at load (spec §2.4): "
+            "BF16 size minus its FP8 weight + scale, split like wo_a",
     "window": "window ring: {window} tokens × {window_row} B per layer (incl. draft stages) per sequence",
     "compressed": "compressed KV: ⌈T/ratio⌉ rows × {compressed_row} B per KV-source layer per sequence",
     "index_keys": "index keys: ⌈T/ratio⌉ rows × {index_row} B per KV-source layer with an indexer per sequence",

@@ -53,7 +53,8 @@ def quantize_fp8(w: torch.Tensor, block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK
 
 def dequantize_fp8(w8: torch.Tensor, scale: torch.Tensor,
                    block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)) -> torch.Tensor:
-    """float8_e4m3fn [out, in] and its E8M0 block scale → float32 [out, in]: W[o, i] = w8[o, i] · 2^(s[o//b0, i//b1] − 127)."""
+    """float8_e4m3fn [out, in] and its E8M0 block scale → float32 [out, in]:
+    W[o, i] = w8[o, i] · 2^(s[o//b0, i//b1] − 127)."""
     out, inp = w8.shape
     b0, b1 = block
     want = (-(-out // b0), -(-inp // b1))
@@ -91,7 +92,8 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """int8 [out, in/2] and E8M0 scale [out, ceil(in/32)] → float32 [out, in]: W[o, i] = e2m1 · 2^(s[o, i//32] − 127)."""
+    """int8 [out, in/2] and E8M0 scale [out, ceil(in/32)] → float32 [out, in]:
+    W[o, i] = e2m1 · 2^(s[o, i//32] − 127)."""
     out, half = packed.shape
     want = (out, -(-2 * half // FP4_BLOCK))
     if tuple(scale.shape) != want:

@@ -70,7 +70,8 @@ class RemoteEngine(Engine):
                    "trace": None}
         if dspark is not None:
             message["dspark"] = {"schedule": dspark.schedule, "threshold": dspark.threshold,
-                                 "early_stop": dspark.early_stop, "confidence_temperature": dspark.confidence_temperature}
+                                 "early_stop": dspark.early_stop,
+                                 "confidence_temperature": dspark.confidence_temperature}
         path = None
         if trace is not None:
             fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="v41viz-trace-")

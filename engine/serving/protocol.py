@@ -1,4 +1,4 @@
-"""The engine service's messages: JSON over an authenticated local connection (multiprocessing.connection), never pickled."""
+"""The engine service's messages: JSON on an authenticated local connection (multiprocessing.connection), no pickle."""
 from __future__ import annotations
 
 import json

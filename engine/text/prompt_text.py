@@ -5,8 +5,9 @@ import re
 
 from ..spec.errors import InputError
 
-# The longest token of the DeepSeek vocabulary spells 128 characters (tests/commands/test_bad_arguments.py checks it), so a
-# text of more than 128 × max_seq_len characters cannot fit the context: it is refused without tokenizing it.
+# The longest token of the DeepSeek vocabulary spells 128 characters (tests/commands/test_bad_arguments.py checks
+# it), so a text of more than 128 × max_seq_len characters cannot fit the context: it is refused without tokenizing
+# it.
 MAX_TOKEN_CHARS = 128
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

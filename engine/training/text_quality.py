@@ -1,4 +1,4 @@
-"""Text-quality measures of generated continuations: whitespace tokens and runs, repeated n-grams, words (torch-free)."""
+"""Quality measures of generated continuations: whitespace tokens and runs, repeated n-grams, words (torch-free)."""
 from __future__ import annotations
 
 import re

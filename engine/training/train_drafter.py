@@ -18,8 +18,8 @@ from .windows import train_windows
 
 STATE_FORMAT = "v41viz-train-drafter/1"
 LOG_NAME = "drafter_log.csv"
-COLUMNS = ("step", "loss", "ce", "distill", "confidence_loss", "predicted_acceptance", "target_acceptance", "lr", "step_s",
-           "elapsed_s")
+COLUMNS = ("step", "loss", "ce", "distill", "confidence_loss", "predicted_acceptance", "target_acceptance", "lr",
+           "step_s", "elapsed_s")
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,8 @@ def test_v4_inventory():
     assert (names["layers.0.ffn.gate.tid2eid"].shape, names["layers.0.ffn.gate.tid2eid"].dtype) == ((129280, 6), "I64")
     assert "layers.0.ffn.gate.bias" not in names and "layers.3.ffn.gate.bias" in names
     assert [n for n in names if n.endswith("tid2eid")] == [f"layers.{i}.ffn.gate.tid2eid" for i in range(3)]
-    assert (names["layers.2.attn.compressor.ape"].shape, names["layers.2.attn.compressor.ape"].dtype) == ((4, 1024), "F32")
+    ape = names["layers.2.attn.compressor.ape"]
+    assert (ape.shape, ape.dtype) == ((4, 1024), "F32")
     assert names["layers.3.attn.compressor.ape"].shape == (128, 512)
     assert names["layers.2.attn.compressor.wkv.weight"].shape == (1024, 4096)     # overlap doubles the width
     assert names["layers.2.attn.indexer.wq_b.weight"].shape == (8192, 1024)
@@ -251,7 +252,8 @@ def test_tiny_accounts_add_up(args):
 
 def test_tiny_v4_fp4_experts_and_128_blocks():
     t = by_name(TINY4)
-    assert t["layers.3.ffn.experts.0.w1.weight"].shape == (32, 32) and t["layers.3.ffn.experts.0.w1.weight"].dtype == "I8"
+    w1 = t["layers.3.ffn.experts.0.w1.weight"]
+    assert w1.shape == (32, 32) and w1.dtype == "I8"
     assert t["layers.3.attn.wq_a.scale"].shape == (ceil(32 / 128), ceil(64 / 128))
 
 

@@ -136,7 +136,8 @@ def test_memory_plan_panel_follows_the_hardware_inputs():
     assert not at.exception, at.exception
     assert at.subheader[-1].value == "Memory plan"
     summary = at.success[0].value
-    assert summary.startswith("deepseek-v4.1-flash at 128k context × batch 1 on 8 × 141 GiB needs") and summary.endswith(": fits")
+    assert (summary.startswith("deepseek-v4.1-flash at 128k context × batch 1 on 8 × 141 GiB needs")
+            and summary.endswith(": fits"))
     placement = table(at, "part").set_index("part")
     assert placement.loc["total weights", "checkpoint bytes"] == "509,315,486,040"   # = the accounting layer's
     assert placement.loc["Engram tables", "where"] == "host (shard files)"

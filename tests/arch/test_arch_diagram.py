@@ -47,7 +47,8 @@ def labels_by_edge(lay):
     out = {}
     for lab in placed:
         e = lay.edges[lab.edge]
-        out[(lay.boxes[e.a].node if e.a in lay.boxes else e.a, lay.boxes[e.b].node if e.b in lay.boxes else e.b)] = lab.text
+        ends = (lay.boxes[e.a].node if e.a in lay.boxes else e.a, lay.boxes[e.b].node if e.b in lay.boxes else e.b)
+        out[ends] = lab.text
     return out, dropped
 
 
@@ -125,7 +126,8 @@ def test_steps_follow_the_role_of_each_v4_layer():
     kinds = {r.layer: r.attn_kind for r in a.roles[: a.n_layers]}
     csa = next(layer for layer, k in kinds.items() if k == "CSA")
     hca = next(layer for layer, k in kinds.items() if k == "HCA")
-    assert {"compressor", "indexer"} <= set(step_names(a, csa)) and "(overlap)" in step_names(a, csa)["compressor"].subtitle
+    assert ({"compressor", "indexer"} <= set(step_names(a, csa))
+            and "(overlap)" in step_names(a, csa)["compressor"].subtitle)
     assert "compressor" in step_names(a, hca) and "indexer" not in step_names(a, hca)
     assert "compressed rows" in step_names(a, hca)["sparse_attn"].subtitle    # no indexer: every visible row
     _, edges = attention_steps(a, a.roles[csa])
@@ -200,7 +202,8 @@ def test_the_paint_hook_colours_the_named_boxes_and_adds_a_legend():
         assert value in [t.text for t in g.iter(f"{SVG}text")] and g.get("data-tip").endswith(f"window mass: {value}")
     unpainted = boxes["layers.2.attn.rope"]
     assert next(r for r in unpainted.iter(f"{SVG}rect") if r.get("class") == "v41-card").get("fill") != "#ff8800"
-    assert "window mass" in painted.split('<svg class="v41-diagram"', 1)[0] and painted.count('class="v41-xlegend"') == 2
+    assert ("window mass" in painted.split('<svg class="v41-diagram"', 1)[0]
+            and painted.count('class="v41-xlegend"') == 2)
 
 
 def test_the_svg_is_self_contained_with_a_hidden_export_legend():

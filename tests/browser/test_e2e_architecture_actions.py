@@ -144,7 +144,8 @@ def test_expanded_group_details_and_box_text_fit_at_1280(server, browser, screen
 
 CHART_JS = """el => {
   const box = e => e ? e.getBoundingClientRect() : null;
-  const meet = (a, b) => !!a && !!b && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const meet = (a, b) => !!a && !!b && a.left < b.right - 1 && b.left < a.right - 1
+                         && a.top < b.bottom - 1 && b.top < a.bottom - 1;
   const legend = box(el.querySelector('.legend')), plot = box(el.querySelector('.nsewdrag'));
   const title = box(el.querySelector('.gtitle'));
   const ticks = [...el.querySelectorAll('.xtick text')].map(box).filter(r => r.width > 0);

@@ -20,7 +20,8 @@ IN_VIEW_JS = """node => {   // the box of `node` lies inside the visible drawing
   const svg = document.querySelector('svg.v41-diagram'), s = svg.getBoundingClientRect();
   const boxes = [...svg.querySelectorAll('.v41-box')].filter(g => g.dataset.node === node);
   return boxes.some(g => { const r = g.getBoundingClientRect();
-    return r.width > 0 && r.left >= s.left - 1 && r.right <= s.right + 1 && r.top >= s.top - 1 && r.bottom <= s.bottom + 1; });
+    return r.width > 0 && r.left >= s.left - 1 && r.right <= s.right + 1
+           && r.top >= s.top - 1 && r.bottom <= s.bottom + 1; });
 }"""
 ALL_IN_VIEW_JS = """() => {
   const svg = document.querySelector('svg.v41-diagram'), s = svg.getBoundingClientRect();
@@ -91,7 +92,8 @@ def test_zoom_fit_search_open_a_step_and_export(server, browser, screenshots, tm
     rope.click()
     panel = page.locator(".st-key-details_panel")
     panel.get_by_text("Rotary position embedding with YaRN").first.wait_for(timeout=WAIT_RERUN)
-    assert "[B, S, 64, 512]" in panel.inner_text() and "Engine source: engine.model.rope.apply_rope" in panel.inner_text()
+    assert ("[B, S, 64, 512]" in panel.inner_text()
+            and "Engine source: engine.model.rope.apply_rope" in panel.inner_text())
     page.wait_for_function("() => location.search.includes('node=layers.3.attn.rope')", timeout=WAIT_RERUN)
     shot(page, "opened_step", screenshots)
     # export: the whole drawing as SVG (valid XML, every box, the legend shown) and as PNG

@@ -260,7 +260,8 @@ def test_a_trace_of_another_model_replays_in_every_panel(server, browser, tmp_pa
         assert checks[name] in text and "drawn from the trace of tiny-v4.1-elsewhere" in text, (name, text[:1500])
     page.screenshot(path=str(screenshots / "inspect_foreign_trace_dspark.png"), full_page=True)
     _panel(page, "Experts")
-    colours = page.evaluate("() => document.querySelector('.st-key-experts_heatmap .js-plotly-plot').data[0].colorscale")
+    colours = page.evaluate("() => document.querySelector('.st-key-experts_heatmap .js-plotly-plot')"
+                            ".data[0].colorscale")
     assert len(colours) == 2 * 8                                   # tiny-v4.1's 8 experts, not the default's 16
     page.close()
     assert "Traceback" not in log_path.read_text()

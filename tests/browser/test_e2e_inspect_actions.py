@@ -209,7 +209,8 @@ def test_a_replayed_trace_shows_and_restores_its_settings(server, browser, tmp_p
 
 
 def _colorbar_ticks(page, chart_key: str) -> list[str]:
-    return page.locator(f".st-key-{chart_key} .colorbar .cbaxis text, .st-key-{chart_key} .colorbar text").all_text_contents()
+    ticks = f".st-key-{chart_key} .colorbar .cbaxis text, .st-key-{chart_key} .colorbar text"
+    return page.locator(ticks).all_text_contents()
 
 
 def test_charts_read_right(server, browser, screenshots):

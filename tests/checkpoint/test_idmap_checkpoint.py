@@ -59,7 +59,8 @@ def test_engine_round_trips_unknown_words_through_the_id_map(reduced):
     assert out.texts[0].startswith("".join(pieces))  # streaming holds back only an unfinished UTF-8 character
     records = trace.tokens(0)
     assert [r.token_id for r in records] == out.prompt_ids[0] + new
-    assert [r.text for r in records] == [base.token_text(int(id_map.ids[t]), full=True) for t in out.prompt_ids[0] + new]
+    assert [r.text for r in records] == [base.token_text(int(id_map.ids[t]), full=True)
+                                         for t in out.prompt_ids[0] + new]
 
 
 def test_a_known_text_uses_the_kept_tokens(reduced):

@@ -221,7 +221,8 @@ def test_generating_touches_only_the_hashed_engram_rows(tmp_path):
     assert run.returncode == 0, run.stderr
     m = json.loads(run.stdout)
     grew = {key: m["after"][key] - m["before"][key] for key in m["before"]}
-    print(f"\nEngram tables {sizes['engram'] / MIB:.0f} MiB on disk ({' + '.join(map(str, args.engram_num_embeddings))} "
+    table_rows = " + ".join(map(str, args.engram_num_embeddings))
+    print(f"\nEngram tables {sizes['engram'] / MIB:.0f} MiB on disk ({table_rows} "
           f"rows of {args.engram_head_dim} FP8 + E8M0 scales), checkpoint {sizes['total'] / MIB:.0f} MiB in 3 shards; "
           f"{m['prompt']}-token prompt + {new_tokens} tokens in {m['forwards']} forwards read "
           f"{m['rows_asked']} table rows ({m['rows_distinct']} distinct); RSS before "

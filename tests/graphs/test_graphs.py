@@ -1,4 +1,4 @@
-"""CUDA-graph decode (engine/graphs): the static body equals eager decode, is sync-free, keeps the trace; real capture on CUDA."""
+"""CUDA-graph decode (engine/graphs): static body equals eager decode, is sync-free, keeps the trace; CUDA capture."""
 from __future__ import annotations
 
 import numpy as np

@@ -437,7 +437,8 @@ def test_links_parse_strictly_and_round_trip():
     back, notes = parse_link(query)
     assert notes == [] and back.model == "checkpoint:default" and back.prompt == settings["prompt"]
     assert back.settings == {k: v for k, v in settings.items() if k != "prompt"}
-    assert (back.panel, back.node, back.layer, back.seam, back.token) == ("mHC", "layers.3.hc_ffn", "layers.3", "ffn", 6)
+    assert ((back.panel, back.node, back.layer, back.seam, back.token)
+            == ("mHC", "layers.3.hc_ffn", "layers.3", "ffn", 6))
     long = link_params("m", {"prompt": "x" * 2000}, {})
     assert "prompt" not in long and long["pid"] == prompt_id("x" * 2000) and parse_link(long)[0].prompt_id
 

@@ -116,8 +116,8 @@ def test_a_model_decodes_alike_with_the_kernel_and_with_torch_ops(dtype, monkeyp
 
 
 def test_without_the_kernel_torch_ops_run(monkeypatch):
-    """Where the kernel did not build (engine.kernels.cpu_extension, tests/kernels/test_cpu_extension.py) one row takes the
-    Python path and a few rows torch's fused op."""
+    """Where the kernel did not build (engine.kernels.cpu_extension, tests/kernels/test_cpu_extension.py) one row
+    takes the Python path and a few rows torch's fused op."""
     monkeypatch.setattr(cpu_norm, "load", lambda: None)
     norm = FastRMSNorm(64, EPS).eval()
     with torch.inference_mode():

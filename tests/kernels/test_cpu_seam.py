@@ -101,8 +101,8 @@ def test_a_model_decodes_the_same_bits_with_the_kernel_and_on_python_floats(dtyp
 
 
 def test_without_the_kernel_the_python_path_runs(monkeypatch):
-    """Where the kernel did not build (engine.kernels.cpu_extension, tests/kernels/test_cpu_extension.py) the seams run on
-    Python floats."""
+    """Where the kernel did not build (engine.kernels.cpu_extension, tests/kernels/test_cpu_extension.py) the seams
+    run on Python floats."""
     monkeypatch.setattr(cpu_seam, "load", lambda: None)
     logits = decode_logits(tiny_model(), torch.randint(3, 500, (1, 13), generator=torch.Generator().manual_seed(2)))
     assert logits.isfinite().all()

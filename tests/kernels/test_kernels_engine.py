@@ -57,7 +57,8 @@ def test_apply_and_remove_swap_module_classes_only():
     ref, fast = _pair()
     n_blocks = sum(isinstance(m, Block) for m in ref.modules())
     assert n_blocks >= fast.args.n_layers and sum(isinstance(m, KernelBlock) for m in fast.modules()) == n_blocks
-    assert any(isinstance(m, KernelMoE) for m in fast.modules()) and any(isinstance(m, KernelEngram) for m in fast.modules())
+    assert (any(isinstance(m, KernelMoE) for m in fast.modules())
+            and any(isinstance(m, KernelEngram) for m in fast.modules()))
     state = {k: v.clone() for k, v in fast.state_dict().items()}
     remove_kernels(fast)
     assert active_backend(fast) == "torch" and all(type(m) is not KernelBlock for m in fast.modules())

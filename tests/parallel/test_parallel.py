@@ -114,7 +114,8 @@ def test_a_shard_holds_exactly_its_parts_of_the_full_model():
         shard = shard_model(copy.deepcopy(model), World(rank, 2, CPU, group=None))  # sharding never communicates
         for name, t in shard.state_dict().items():
             src = shard.layout.source(name)
-            part = full[src.name] if src.dim is None else full[src.name].narrow(src.dim, src.start, src.stop - src.start)
+            whole = full[src.name]
+            part = whole if src.dim is None else whole.narrow(src.dim, src.start, src.stop - src.start)
             assert torch.equal(t, part), f"rank {rank}: {name} is not {src}"
             held.setdefault(src.name, []).append((t.numel(), src.dim is None and src.name == name))
     assert set(held) == set(full)

@@ -59,8 +59,8 @@ def test_remote_engine_gives_what_the_engine_gives():
     engine = Engine.load("tiny-v4.1")
     port = free_port()
     ready = threading.Event()
-    service = threading.Thread(target=serve, args=(engine, None), kwargs=dict(port=port, on_ready=lambda _a: ready.set()),
-                               daemon=True)
+    service = threading.Thread(target=serve, args=(engine, None),
+                               kwargs=dict(port=port, on_ready=lambda _a: ready.set()), daemon=True)
     service.start()
     assert ready.wait(30)
     remote = RemoteEngine(f"127.0.0.1:{port}")
@@ -131,7 +131,7 @@ def test_a_two_rank_service_serves_the_single_process_text_and_trace():
         got, got_trace, _ = generate_both(engine, remote)
         want, want_trace, _ = generate_both(engine, engine)
         assert got.texts == want.texts and got.result.tokens == want.result.tokens
-        assert_traces_match(want_trace, got_trace, 1e-4)     # fp32: the all-reduce order (tests/parallel/test_parallel.py)
+        assert_traces_match(want_trace, got_trace, 1e-4)     # fp32: all-reduce order (tests/parallel/test_parallel.py)
         remote.shutdown()
         code = proc.wait(60)
         assert code == 0, proc.stdout.read()[-3000:]

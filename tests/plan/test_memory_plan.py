@@ -58,7 +58,8 @@ def test_human_table_names_every_part_and_a_verdict_per_device(capsys):
     assert "equals the accounting layer's checkpoint bytes (509,315,486,040 B)" in out
     assert "GPUs 0-3     fits: " in out and " of 141 GiB (each)" in out
     assert "host         fits: " in out
-    assert out.rstrip().splitlines()[-1].startswith("deepseek-v4.1-flash at 128k context × batch 1 on 4 × 141 GiB needs")
+    last_line = out.rstrip().splitlines()[-1]
+    assert last_line.startswith("deepseek-v4.1-flash at 128k context × batch 1 on 4 × 141 GiB needs")
 
 
 def test_a_plan_that_does_not_fit_says_by_how_much(capsys):

@@ -86,4 +86,5 @@ def test_readme_stays_a_front_door():
 def test_input_limits_list_is_the_limits_command_output():
     from engine.commands.limits import lines
     limits_page = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
-    assert "\n".join(lines()) in limits_page, "re-run `python -m engine limits` and paste its output into docs/limits.md"
+    assert "\n".join(lines()) in limits_page, ("re-run `python -m engine limits` "
+                                               "and paste its output into docs/limits.md")

@@ -1,4 +1,4 @@
-"""The README tells the truth about the tree and the shipped model: its table is card.json's, its layout the folders'."""
+"""The README is true to the tree and the shipped model: its table is card.json's, its layout the folders'."""
 from __future__ import annotations
 
 import json
@@ -28,6 +28,8 @@ def test_layout_section_lists_exactly_the_sub_packages():
             top = m.group(1)
         elif (m := re.match(r"  ([a-z0-9_]+)/", line)) and top in ("engine", "v41viz"):
             listed.add(f"{top}/{m.group(1)}")
-    packages = {f"{p.parts[-3]}/{p.parts[-2]}" for p in ROOT.glob("*/*/__init__.py") if p.parts[-3] in ("engine", "v41viz")}
-    assert listed == packages, f"README layout: missing {sorted(packages - listed)}, no such folder {sorted(listed - packages)}"
+    packages = {f"{p.parts[-3]}/{p.parts[-2]}" for p in ROOT.glob("*/*/__init__.py")
+                if p.parts[-3] in ("engine", "v41viz")}
+    assert listed == packages, (f"README layout: missing {sorted(packages - listed)}, "
+                                f"no such folder {sorted(listed - packages)}")
 

@@ -49,7 +49,8 @@ def test_fp8_quantization_error_and_exact_requantization(shape, magnitude):
     d = dequantize_fp8(q, s)
     assert ((d - w).abs() <= w.abs() * 2**-4 + 1e-30).all()                 # e4m3: 3 mantissa bits, RNE
     q2, s2 = quantize_fp8(d)                                                # already representable: same bytes
-    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2.view(torch.uint8), s.view(torch.uint8))
+    assert (torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+            and torch.equal(s2.view(torch.uint8), s.view(torch.uint8)))
 
 
 @pytest.mark.parametrize("shape", [(16, 64), (7, 34), (3, 2)])

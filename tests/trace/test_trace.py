@@ -47,8 +47,8 @@ def fill(trace: Trace, *, b: int = 2, s: int = 3, start: int = 0, rows=None, lay
                                    torch.rand(b, s, 2, generator=g), torch.rand(b, s, 2, generator=g),
                                    torch.rand(b, s, 2, generator=g))
         if trace.wants_lens(path):
-            trace.record_lens(path, rows, positions, torch.randn(b, s, 8, generator=g), torch.rand(b, s, 4, generator=g),
-                              torch.rand(b, s, 4, generator=g), readout)
+            trace.record_lens(path, rows, positions, torch.randn(b, s, 8, generator=g),
+                              torch.rand(b, s, 4, generator=g), torch.rand(b, s, 4, generator=g), readout)
     return trace
 
 

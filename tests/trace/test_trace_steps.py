@@ -186,7 +186,8 @@ def test_mhc_residuals_derived_when_read_have_the_bits_of_each_call():
     pre, mix = torch.rand(1, 1, 4, generator=g), torch.rand(1, 1, 4, 5, generator=g)
     packed, unpacked = Trace(), Trace()
     packed.record_mhc_mix("layers.1", "ffn", None, torch.tensor([[3]]), pre, mix)
-    unpacked.record_mhc("layers.1", "ffn", None, torch.tensor([[3]]), pre, mix[..., -1], mix[..., :-1].transpose(-1, -2))
+    unpacked.record_mhc("layers.1", "ffn", None, torch.tensor([[3]]), pre, mix[..., -1],
+                        mix[..., :-1].transpose(-1, -2))
     assert packed == unpacked
     assert np.array_equal(packed.fact("mhc", "layers.1", 0, 3, "ffn")["comb"], mix[0, 0, :, :-1].T.numpy())
 

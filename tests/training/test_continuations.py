@@ -184,7 +184,8 @@ def test_training_on_continuations_raises_greedy_acceptance_on_them(rows, tmp_pa
 
 
 def test_cli_writes_a_file_train_drafter_reads(card_inputs, tmp_path, capsys):
-    """`continuations` on a tiny trained-format checkpoint and prepared data dir, then `train_drafter --continuations`."""
+    """`continuations` on a tiny trained-format checkpoint and prepared data dir, then
+    `train_drafter --continuations`."""
     from engine.cli import main
     from engine.training.corpus import load_tokens
     from engine.training.log import read_log

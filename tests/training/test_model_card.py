@@ -206,7 +206,8 @@ def test_text_quality_is_remeasured_from_fresh_greedy_runs(card_inputs):
     q = card["text_quality"]
     engine = Engine.load(checkpoint=ckpt)
     tok = engine.tokenizer
-    letters = re.compile(r"[^\W\d_]+")   # runs of letters, any script (tests/training/test_text_quality.py pins it down)
+    # runs of letters, any script (tests/training/test_text_quality.py pins it down)
+    letters = re.compile(r"[^\W\d_]+")
     known = {w.lower() for w in letters.findall(tok.decode(train.tolist()))}
     assert q["new_tokens"] == OPTS.quality_tokens and q["ngram"] == 4 and list(q["runs"]) == ["off", "options"]
     assert (q["runs"]["options"]["repetition_penalty"], q["runs"]["options"]["no_repeat_ngram"]) == (1.3, 3)

@@ -85,7 +85,8 @@ BRUTUS: not a heading here
 
 
 def test_speech_openings_are_headings_then_the_first_words():
-    assert speech_openings(PLAY, words=4) == ["FLAVIUS.\nHence! home, you idle", "SECOND CITIZEN.\nTruly, sir, in respect"]
+    assert speech_openings(PLAY, words=4) == ["FLAVIUS.\nHence! home, you idle",
+                                              "SECOND CITIZEN.\nTruly, sir, in respect"]
     # 'Why, sir, a carpenter.' has only 4 words (a prompt must stop inside the line); a stage direction, an act
     # heading followed by a blank line and a 'NAME:' line are no speeches; 'Go.' is too short
     assert speech_openings(PLAY, words=3) == ["FLAVIUS.\nHence! home, you", "FIRST CITIZEN.\nWhy, sir, a",
@@ -104,7 +105,9 @@ def test_prompts_are_spread_evenly_and_deterministically():
     text = "\n\n".join(f"SPEAKER{'ABCDEFGHIJ'[i % 10]}.\nLine number {i} of the play." for i in range(40))
     got = heldout_prompts(text, count=4, words=3)
     assert got == heldout_prompts(text, count=4, words=3) == [
-        "SPEAKERF.\nLine number 5", "SPEAKERF.\nLine number 15", "SPEAKERF.\nLine number 25", "SPEAKERF.\nLine number 35"]
-    assert heldout_prompts(text, count=2, words=3, phase=0.0) == ["SPEAKERA.\nLine number 0", "SPEAKERA.\nLine number 20"]
+        "SPEAKERF.\nLine number 5", "SPEAKERF.\nLine number 15",
+        "SPEAKERF.\nLine number 25", "SPEAKERF.\nLine number 35"]
+    assert heldout_prompts(text, count=2, words=3, phase=0.0) == ["SPEAKERA.\nLine number 0",
+                                                                  "SPEAKERA.\nLine number 20"]
     with pytest.raises(InputError, match="no speech to take the card's prompts from"):
         heldout_prompts("JULIET: Wherefore art thou Romeo?\n", count=4)

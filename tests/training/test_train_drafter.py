@@ -116,7 +116,8 @@ def test_acceptance_target_is_one_minus_total_variation():
 
 def test_resume_replays_an_uninterrupted_run_and_export_merges_the_drafter(backbone_dir, tmp_path):
     straight = load_backbone(backbone_dir)
-    DrafterTrainer(straight, drafter_cfg(steps=4), {"train": STREAM}, tmp_path / "a", log=lambda *a: None).run(progress=False)
+    DrafterTrainer(straight, drafter_cfg(steps=4), {"train": STREAM}, tmp_path / "a",
+                   log=lambda *a: None).run(progress=False)
     half = load_backbone(backbone_dir)
     DrafterTrainer(half, drafter_cfg(steps=4, save_every=2), {"train": STREAM}, tmp_path / "b",
                    log=lambda *a: None).run(steps=2, progress=False)
@@ -130,7 +131,8 @@ def test_resume_replays_an_uninterrupted_run_and_export_merges_the_drafter(backb
         DrafterTrainer(load_backbone(backbone_dir), drafter_cfg(), {"train": STREAM}, tmp_path / "b")
 
     resumed.export(tmp_path / "ship")
-    assert {"model.safetensors", "config.json", "log.csv", "drafter_log.csv"} <= {p.name for p in (tmp_path / "ship").iterdir()}
+    shipped_files = {p.name for p in (tmp_path / "ship").iterdir()}
+    assert {"model.safetensors", "config.json", "log.csv", "drafter_log.csv"} <= shipped_files
     shipped = load_backbone(tmp_path / "ship").state_dict()
     original = load_backbone(backbone_dir).state_dict()
     for k, v in got.items():      # bf16 export (official F32 tensors stay F32): trained drafter + untouched backbone

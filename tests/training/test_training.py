@@ -166,8 +166,8 @@ def test_sequence_balance_loss_prefers_uniform_routing(setup):
 # ---- the loop -----------------------------------------------------------------------------------------------
 def test_short_run_lowers_loss(setup, tmp_path):
     args, data = setup
-    trainer = Trainer(args, small_cfg(steps=12, lr=2e-2, warmup=2, eval_every=12, save_every=12), data, tmp_path / "run",
-                      engram_map=synthetic_token_map(args), log=lambda *_: None)
+    trainer = Trainer(args, small_cfg(steps=12, lr=2e-2, warmup=2, eval_every=12, save_every=12), data,
+                      tmp_path / "run", engram_map=synthetic_token_map(args), log=lambda *_: None)
     first = trainer.evaluate()
     rows = trainer.run(progress=False)
     assert rows[-1]["heldout_loss"] < first - 1.0, (first, rows[-1]["heldout_loss"])
@@ -196,7 +196,8 @@ def test_resume_continues_exactly(setup, tmp_path):
 
 def test_train_command_rejects_a_config_of_another_vocabulary(tmp_path, capsys, id_map):
     id_map.save(tmp_path / "id_map.json")
-    code = cli_main(["train", "--config", "configs/tiny-v4.1.json", "--data", str(tmp_path), "--out", str(tmp_path / "o")])
+    code = cli_main(["train", "--config", "configs/tiny-v4.1.json", "--data", str(tmp_path),
+                     "--out", str(tmp_path / "o")])
     assert code == 2
     assert f"set vocab_size to {id_map.vocab_size}" in capsys.readouterr().err
 
@@ -211,7 +212,8 @@ def test_train_command_trains_and_resumes(setup, id_map, tmp_path, capsys):
     config = tmp_path / "tiny-reduced.json"
     config.write_text(json.dumps({k: v for k, v in args.to_dict().items() if k != "name"}))
     common = ["train", "--config", str(config), "--data", str(tmp_path), "--out", str(tmp_path / "ck"), "--batch", "2",
-              "--seq", "32", "--eval-every", "2", "--eval-windows", "1", "--save-every", "2", "--no-progress", "--warmup", "1"]
+              "--seq", "32", "--eval-every", "2", "--eval-windows", "1", "--save-every", "2", "--no-progress",
+              "--warmup", "1"]
     assert cli_main(common + ["--steps", "2"]) == 0
     assert cli_main(common + ["--steps", "3", "--resume", "--export", str(tmp_path / "ship")]) == 0
     out = capsys.readouterr().out
