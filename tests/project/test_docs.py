@@ -1,15 +1,17 @@
 """The docs hold together: every relative link and anchor resolves, every topic file is reachable from the README,
-the README stays a front door, and the limits list is the `engine limits` output."""
+the README stays a front door, the limits list is the `engine limits` output, and the Python examples run."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^ *```.*?^ *```", re.DOTALL | re.MULTILINE)
+PYTHON_BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.DOTALL | re.MULTILINE)   # indented in a list item too
 README_MAX_LINES = 250
 
 
@@ -88,3 +90,13 @@ def test_input_limits_list_is_the_limits_command_output():
     limits_page = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
     assert "\n".join(lines()) in limits_page, ("re-run `python -m engine limits` "
                                                "and paste its output into docs/limits.md")
+
+
+def test_python_examples_run_as_written(monkeypatch):
+    """Every ```python block of the README and docs/ runs as it is written, from the repository root."""
+    monkeypatch.chdir(ROOT)
+    blocks = [(page, textwrap.dedent(m.group(2))) for page in PAGES
+              for m in PYTHON_BLOCK.finditer(page.read_text(encoding="utf-8"))]
+    assert blocks, "no Python example found: the pattern or the docs changed"
+    for page, code in blocks:
+        exec(compile(code, f"<example in {page.relative_to(ROOT)}>", "exec"), {"__name__": "__example__"})
