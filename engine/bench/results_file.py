@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -115,5 +116,4 @@ def load(path: str | Path) -> dict:
 
 def spread(values: list[float]) -> dict:
     """median, min and max of values (the form every timing cell of a results file takes)."""
-    import statistics
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}

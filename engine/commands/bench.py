@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..bench.results_file import ResultsRecorder
 from ..request.schedules import SCHEDULES
 from ..spec.errors import InputError
 from ..spec.presets import resolve_config
@@ -63,6 +64,7 @@ def bench(args: argparse.Namespace) -> int:
     from ..bench.gpu import graph_decode_rates, graph_rate_lines, run_gpu_bench
     from ..kernels.runtime import unavailable_reason
     from ..parallel import launched_size
+    from ..parallel.world import is_main_process
 
     check_threads(args.threads)
     check_device(args.device)
@@ -75,7 +77,6 @@ def bench(args: argparse.Namespace) -> int:
         reason = unavailable_reason(args.device)
         if reason is not None:
             raise InputError(f"--gpu on {args.device}: {reason}")
-    from ..bench.results_file import ResultsRecorder
     recorder = ResultsRecorder(getattr(args, "results", None), "engine_bench", "-m engine")   # command: sys.argv's
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
@@ -104,7 +105,6 @@ def bench(args: argparse.Namespace) -> int:
     out = out if graphs is None else {**out, "cuda_graphs": graphs}
     out = out if compiled is None else {**out, "compile": compiled}
     out = out if spec is None else {**out, "dspark": spec.to_dict()}
-    from ..parallel.world import is_main_process
     if is_main_process():   # under torchrun, rank 0 writes the results file
         recorder.write([out], torch.get_num_threads())
     if args.json:

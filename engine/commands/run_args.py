@@ -43,5 +43,5 @@ def apply_threads(threads: int | None) -> None:
     """Set torch's CPU threads from a --threads value (1..the CPU count); None keeps torch's choice."""
     if check_threads(threads) is None:
         return
-    import torch
+    import torch  # only when a command sets its threads: the CLI imports this module for every command
     torch.set_num_threads(threads)
