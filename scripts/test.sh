@@ -18,11 +18,11 @@ fi
 #   each test process computes on one thread), handed whole files (--dist loadfile: a module's fixtures are built
 #   once, and a file's tests never race each other over what they share); --durations names the slowest tests,
 #   the ones to make cheaper (or to mark slow, saying why) when the stage nears its limit.
-# - then the slow stage, in one process: the tests marked slow where they are written (browser tests, model-card
-#   re-measurement, long training runs, torchrun launches), most of which start servers, ranks or fresh processes
-#   of their own that already use both cores.
+# - then the slow stage, also on two workers with whole files each: its tests (browser tests, model-card
+#   re-measurement, long training runs, torchrun launches, torch.compile) mostly wait on servers, browsers, ranks or
+#   the compiler, and every patience limit waits on a state, so two files side by side keep to their limits.
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=15
-exec .venv/bin/python -m pytest -q -m slow
+exec .venv/bin/python -m pytest -q -m slow -n 2 --dist loadfile

@@ -1,7 +1,7 @@
 """Shared test set-up: the browser fixtures (a live Streamlit server, headless Chromium) and the card inputs.
 
 Two stages (scripts/test.sh). The fast one, `pytest -m "not slow" -n 2 --dist loadfile` (two workers, whole files
-each), must finish in under 3 minutes on a 2-core machine. The slow one, in one process, is every test marked slow
+each), must finish in under 3 minutes on a 2-core machine. The slow one, on two workers too, is every test marked slow
 where it is written (`pytestmark = pytest.mark.slow` in a module, `@pytest.mark.slow` on a test, each with why and
 its measured seconds); with it the whole `.ci/run` stays under 25 minutes. A test that takes more than a few seconds
 of the fast stage is made cheaper, or marked slow saying why. Fast tests run beside each other in two processes:
