@@ -167,7 +167,7 @@ def plan(r: dict, view: str) -> list[str]:
     return [*body, "", f"Every row places the whole checkpoint, {total:,} B ({'equal to' if same else 'NOT'} the "
                        f"accounting layer's checkpoint bytes); host RAM counts the routed experts placed there, "
                        f"their CPU buffers, the Engram pages a context touches and the loading staging.",
-            *(f"{note}." for note in r["notes"])]
+            *(f"{note[0].upper()}{note[1:]}." for note in r["notes"])]
 
 
 def card(c: dict) -> list[str]:
