@@ -145,6 +145,31 @@ def parallel(r: dict, view: str) -> list[str]:
                  [[row["ranks"], spread(row["decode_tokens_per_s"]), f"×{row['ratio']:.2f}"] for row in r["rows"]])
 
 
+def plan(r: dict, view: str) -> list[str]:
+    """`engine plan --results`: one row per configuration, its per-GPU and host bytes and the verdict, then the
+    checkpoint bytes every row places and the plan's notes."""
+    def gib(n: int) -> str:
+        return f"{n / 2**30:,.1f} GiB"
+
+    def context(tokens: int) -> str:
+        return f"{tokens // 2**20}M" if tokens % 2**20 == 0 else f"{tokens // 1024}k" if tokens % 1024 == 0 \
+            else f"{tokens:,}"
+    body = table(["GPUs × memory", "TP/EP degree", "routed experts", "context", "per GPU (max)", "host RAM",
+                  "Engram tables in page cache", "verdict"],
+                 [[f"{row['gpus']} × {row['gpu_mem_gib']:g} GiB" + (f" + {row['host_mem_gib']:g} GiB host"
+                                                                     if row["experts"] == "host" else ""),
+                   row["parallel_degree"], "host RAM" if row["experts"] == "host" else "on the GPUs",
+                   context(row["context"]), gib(row["per_gpu_bytes"]), gib(row["host_bytes"]),
+                   "whole" if row["engram_fits_in_page_cache"] else "partly",
+                   f"**{row['verdict']}**" if row["fits"] else row["verdict"]] for row in r["rows"]])
+    total = r["settings"]["accounting_checkpoint_bytes"]
+    same = all(row["checkpoint_bytes"] == total for row in r["rows"])
+    return [*body, "", f"Every row places the whole checkpoint, {total:,} B ({'equal to' if same else 'NOT'} the "
+                       f"accounting layer's checkpoint bytes); host RAM counts the routed experts placed there, "
+                       f"their CPU buffers, the Engram pages a context touches and the loading staging.",
+            *(f"{note[0].upper()}{note[1:]}." for note in r["notes"])]
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -159,7 +184,7 @@ def card(c: dict) -> list[str]:
 
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
-             "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel}
+             "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:

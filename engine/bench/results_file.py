@@ -22,11 +22,15 @@ class ResultsRecorder:
     """Started as a measurement starts (the load average and the clock), written when it ends with its rows.
 
     path None records nothing (the script's --results was not given); program is how a user starts the command
-    ("scripts/bench_sampling.py", "-m engine bench"), argv its arguments (default: this process's)."""
+    ("scripts/bench_sampling.py", "-m engine bench"), argv its arguments (default: this process's). A
+    computation that runs without torch (`engine plan`) passes uses_torch=False: the file then says "not used"
+    where it would name torch's version, and writing it imports no torch."""
 
-    def __init__(self, path: str | Path | None, kind: str, program: str, argv: list[str] | None = None):
+    def __init__(self, path: str | Path | None, kind: str, program: str, argv: list[str] | None = None,
+                 uses_torch: bool = True):
         self.path = Path(path) if path else None
         self.kind = kind
+        self.uses_torch = uses_torch
         args = sys.argv[1:] if argv is None else list(argv)
         self.command = " ".join(["python", *program.split(), *map(shlex.quote, args)])
         self.commit = commit_description() if self.path else ""   # the code that measures, as it starts
@@ -39,10 +43,10 @@ class ResultsRecorder:
         of strings and finite numbers."""
         if self.path is None:
             return None
-        import torch  # here, not at the top: scripts/render_results.py reads results files without torch
         results = {"format": FORMAT, "kind": self.kind, "command": self.command,
                    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                   "commit": self.commit, "machine": machine(), "torch": torch.__version__,
+                   "commit": self.commit, "machine": machine(),
+                   "torch": torch_version() if self.uses_torch else "not used",
                    "threads": threads, "load_average": {"before": [round(x, 2) for x in self.load_before],
                                                         "after": [round(x, 2) for x in os.getloadavg()]},
                    "wall_s": round(time.perf_counter() - self.t0, 1), "settings": settings or {}, "rows": rows,
@@ -56,10 +60,24 @@ class ResultsRecorder:
         return results
 
 
+def torch_version() -> str:
+    # here, not at the top: scripts/render_results.py and `engine plan --results` run without torch
+    import torch
+    return torch.__version__
+
+
 def machine() -> dict:
     """The CPU's model name and this machine's core count."""
-    from .machine import cpu_model  # imports torch (see write)
     return {"cpu": cpu_model() or "unknown CPU", "cores": os.cpu_count()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), or "" where that is not readable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def commit_description() -> str:

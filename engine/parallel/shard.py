@@ -9,6 +9,7 @@ from ..model.moe import MoE
 from ..model.transformer import Transformer
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
+from ..spec.parallel_degree import check_parallel_degree
 from ..speedups.fast_head import FastTransformer
 from .attention import shard_attention
 from .experts import ExpertParallelMoE
@@ -40,16 +41,9 @@ class Layout:
     size: int
 
     def __post_init__(self) -> None:
-        a, n = self.args, self.size
-        if not 0 <= self.rank < n:
-            raise InputError(f"rank {self.rank} lies outside a world of {n} ranks")
-        parts = {"n_heads": a.n_heads, "o_groups": a.o_groups, "n_routed_experts": a.n_routed_experts}
-        if a.has_dspark:
-            parts["dspark_n_routed_experts"] = a.draft_n_routed_experts
-        uneven = [f"{k} = {v}" for k, v in parts.items() if v % n]
-        if uneven:
-            raise InputError(f"config '{a.name or a.model_type}' cannot be split over {n} ranks: {', '.join(uneven)} "
-                             f"must each be divisible by the number of ranks")
+        if not 0 <= self.rank < self.size:
+            raise InputError(f"rank {self.rank} lies outside a world of {self.size} ranks")
+        check_parallel_degree(self.args, self.size)   # heads, groups and experts in equal blocks
 
     def block(self, total: int, rank: int | None = None) -> slice:
         """Rank `rank`'s (default: this rank's) block of `total`: equal blocks where `total` divides evenly (heads,

@@ -150,6 +150,32 @@ def test_memory_plan_panel_follows_the_hardware_inputs():
     assert devices["device"].tolist() == ["GPU 0", "host"] and devices["verdict"][0].startswith("does not fit: needs")
 
 
+def test_memory_plan_offers_the_expert_placement_and_what_fits():
+    at = app()
+    fits = table(at, "GPUs")       # 8 × 141 GiB + 512 GiB host by default: the same rows as `engine plan --fit`
+    assert fits[["GPUs", "routed experts"]].values.tolist() == [["1", "on the GPUs"], ["1", "host RAM"],
+                                                                ["2", "on the GPUs"], ["4", "on the GPUs"],
+                                                                ["8", "on the GPUs"]]
+    assert fits["verdict"][0].startswith("does not fit even at context 4k: needs 292.4 GiB per GPU")
+    assert fits["verdict"][3] == "fits at context 1M (the longest tried)"
+    assert any("Not tried: 3, 5, 6, 7 GPUs" in c.value for c in at.caption)
+    at.radio(key="plan_experts").set_value("in host RAM (one GPU)").run()
+    at.number_input(key="plan_gpu_mem").set_value(80.0).run()
+    assert not at.exception, at.exception
+    assert at.number_input(key="plan_gpus").disabled
+    summary = [s.value for s in at.success if "routed experts in host RAM" in s.value]
+    assert summary and summary[0].startswith("deepseek-v4.1-flash at 128k context × batch 1 on 1 × 80 GiB, routed "
+                                             "experts in host RAM, needs") and summary[0].endswith(": fits")
+    placement = table(at, "part").set_index("part")
+    assert placement.loc["routed experts", "where"] == "host RAM" and placement.loc["routed experts",
+                                                                                    "per GPU (max)"] == "–"
+    assert placement.loc["DSpark / MTP drafter", "where"] == "GPUs + host RAM"
+    assert placement.loc["total weights", "checkpoint bytes"] == "509,315,486,040"
+    fits = table(at, "GPUs")
+    assert fits["verdict"][1] == "fits at context 1M (the longest tried)"
+    assert fits["verdict"][3] == "fits at context 256k (the longest that fits)"     # 4 × 80 GiB
+
+
 def test_search_selects_the_first_match_and_steps_through_the_others():
     at = app()
     centred = at.session_state["arch_centre"] if "arch_centre" in at.session_state else 0

@@ -30,6 +30,8 @@ TORCH_FREE = [
     ["tokenizer", "--text", "hi"],
     ["plan", "tiny-v4.1"],
     ["plan", "deepseek-v4.1-flash", "--gpus", "8"],
+    ["plan", "deepseek-v4.1-flash", "--gpu-mem", "80", "--experts", "host"],
+    ["plan", "deepseek-v4.1-flash", "--fit", "--gpu-mem", "80", "--host-mem", "512", "--json"],
     ["limits"],
     ["info", "--help"],
     ["tokenizer", "--help"],
@@ -49,6 +51,17 @@ def test_command_runs_without_torch(argv):
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["code"] == 0, run.stderr[-3000:]
     assert seen["torch"] == [], f"python -m engine {' '.join(argv)} imported {seen['torch']}"
+
+
+def test_plan_writes_its_results_file_without_torch(tmp_path):
+    """`engine plan --results` records "not used" where a measurement names torch, and imports none."""
+    path = tmp_path / "plan.json"
+    run = subprocess.run([sys.executable, "-c", CHILD, "plan", "tiny-v4.1", "--fit", "--results", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {"code": 0, "torch": []}, run.stderr[-3000:]
+    results = json.loads(path.read_text(encoding="utf-8"))
+    assert results["kind"] == "plan" and results["torch"] == "not used" and results["rows"]
 
 
 def test_the_check_sees_torch_when_a_command_loads_it():

@@ -7,7 +7,8 @@ from html import escape
 import pandas as pd
 
 from engine.accounting.accounting import GIB
-from engine.plan.memory_plan import MemoryPlan
+from engine.plan.fit import Option
+from engine.plan.memory_plan import MemoryPlan, context_label
 
 from .details import human
 
@@ -27,13 +28,27 @@ def placement_table(plan: MemoryPlan) -> pd.DataFrame:
                 "per GPU (max)": human(gpu_max, "B") if gpu_max else "–",
                 "checkpoint bytes": checkpoint or None, "rule": rule}
 
-    rows = [row(p.label, "host (shard files)" if p.host else "GPUs", p.checkpoint, max(p.gpu), p.rule)
-            for p in plan.weights]
+    def where(p) -> str:
+        if not p.host:
+            return "GPUs"
+        if p.key == "engram_tables":
+            return "host (shard files)"
+        return "host RAM" if not max(p.gpu) else "GPUs + host RAM"
+
+    rows = [row(p.label, where(p), p.checkpoint, max(p.gpu), p.rule) for p in plan.weights]
     weights_max = max(sum(p.gpu[r] for p in plan.weights) for r in range(plan.hardware.gpus))
     rows.append(row("total weights", "GPUs + host", plan.checkpoint_bytes, weights_max,
                     "equals the accounting layer's checkpoint bytes"))
     rows += [row(p.label, "GPUs", 0, max(p.gpu), p.rule) for p in plan.runtime]
     return pd.DataFrame(rows).astype({"checkpoint bytes": "Int64"})  # exact integers; empty for caches
+
+
+def fit_table(options: tuple[Option, ...]) -> pd.DataFrame:
+    """The "what fits" table: one row per GPU count (= TP/EP degree) × expert placement, fewest GPUs first, at the
+    longest context that fits (engine.plan.fit, as `python -m engine plan --fit`)."""
+    return pd.DataFrame([{"GPUs": o.gpus, "routed experts": "host RAM" if o.experts == "host" else "on the GPUs",
+                          "context": context_label(o.plan.hardware.context), "per GPU (max)": human(o.per_gpu, "B"),
+                          "host RAM": human(o.plan.host.need, "B"), "verdict": o.reason} for o in options])
 
 
 def device_table(plan: MemoryPlan) -> pd.DataFrame:

@@ -5,7 +5,8 @@ from functools import partial
 
 import streamlit as st
 
-from engine.plan.memory_plan import WORKING_FORMULA, Hardware, memory_plan
+from engine.plan.fit import MAX_GPUS, fit_options, impossible_counts
+from engine.plan.memory_plan import HOST_WORKING_FORMULA, WORKING_FORMULA, Hardware, memory_plan
 from engine.spec.errors import InputError
 
 from ..arch import accounting_panels as panels
@@ -302,19 +303,26 @@ def accounting_tabs(view: ModelView) -> None:
 
 
 def memory_plan_section(config_key: str, view: ModelView) -> None:
-    """The memory plan of the selected config for the hardware typed in (same numbers as `python -m engine plan`)."""
+    """The memory plan of the selected config for the hardware typed in (same numbers as `python -m engine plan`),
+    and what fits on GPUs of that size (`python -m engine plan --fit`)."""
     st.subheader("Memory plan")
     st.caption("Where the checkpoint, the KV caches and the working buffers go when this config is served on N GPUs "
                "(engine.plan.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
                "data; the weight bytes are the exact checkpoint bytes, the working buffers an estimate.")
-    d, cols = Hardware(), st.columns(5)
-    gpus = cols[0].number_input("GPUs", 1, 256, d.gpus, key="plan_gpus")
+    d = Hardware()
+    on_host = st.radio("routed experts", ["on the GPUs", "in host RAM (one GPU)"], horizontal=True,
+                       key="plan_experts", help="in host RAM: the routed experts (backbone and drafter) stay in host "
+                       "memory and run on the CPU; attention, shared experts, router, embeddings, head and the rest "
+                       "of the drafter are on one GPU") != "on the GPUs"
+    cols = st.columns(5)
+    gpus = cols[0].number_input("GPUs", 1, 256, d.gpus, key="plan_gpus", disabled=on_host,
+                                help="one GPU with the routed experts in host RAM" if on_host else None)
     gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, d.gpu_mem_gib, step=1.0, key="plan_gpu_mem")
     host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, d.host_mem_gib, step=64.0, key="plan_host_mem")
     context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, d.context, step=1024, key="plan_context")
     batch = cols[4].number_input("batch (sequences)", 1, 4096, d.batch, key="plan_batch")
-    hardware = Hardware(gpus=int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
-                        context=int(context), batch=int(batch))
+    hardware = Hardware(gpus=1 if on_host else int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
+                        context=int(context), batch=int(batch), experts="host" if on_host else "device")
     try:
         plan, bars, table, devices = _plan(config_key, id(view), hardware, view)
     except InputError as e:
@@ -329,7 +337,26 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
         st.markdown("\n".join(f"- {note}" for note in plan.notes))
         st.markdown("**Working buffers per GPU**: " + ", ".join(
             f"{k} {human(v, 'B')}" for k, v in plan.working.items()))
-        st.html(preformatted("\n".join(WORKING_FORMULA)))
+        st.html(preformatted("\n".join(WORKING_FORMULA + (HOST_WORKING_FORMULA if plan.host_working else ()))))
+    fits_section(config_key, view, float(gpu_mem), float(host_mem), int(batch))
+
+
+def fits_section(config_key: str, view: ModelView, gpu_mem: float, host_mem: float, batch: int) -> None:
+    """What fits on GPUs of this size: every GPU count the layout allows × placement, at its longest context."""
+    st.markdown(f"**What fits on GPUs of {gpu_mem:g} GiB with {host_mem:g} GiB host RAM** (fewest GPUs first; the "
+                f"GPU count is the tensor/expert-parallel degree; each row at the longest context of 4k … the "
+                f"config's maximum that fits; `python -m engine plan --fit`)")
+    table, not_tried = _fits(config_key, id(view), gpu_mem, host_mem, batch, view)
+    show_table(table)
+    if not_tried:
+        st.caption(f"Not tried: {not_tried}")
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _fits(config_key: str, view_id: int, gpu_mem: float, host_mem: float, batch: int, _view: ModelView):
+    """The "what fits" table and the GPU counts left out, for one config and hardware (shared by all sessions)."""
+    options = fit_options(_view.args, gpu_mem, host_mem, batch=batch)
+    return plan_panels.fit_table(options), impossible_counts(_view.args, MAX_GPUS)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
