@@ -10,6 +10,8 @@ from engine.spec.config import load_config
 from engine.speedups import prepare_for_inference
 
 TINY = "configs/tiny-v4.1.json"
+# a vision tower (described, not run) for the tiny V4.1 config: only with it do its routers hold gate.bias_vl
+VISION = dict(vision_n_layers=1, vision_dim=32, vision_n_heads=2, vision_inter_dim=64)
 # One intra-op thread: on the shared 2-core machine two OpenMP threads contend with other processes and
 # make each small op ~10x slower.
 torch.set_num_threads(1)

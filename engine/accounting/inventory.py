@@ -141,7 +141,7 @@ class _Builder:
         self.plain(f"{p}.ffn_norm.weight", a.dim)
         self.mhc(p)
         self.attention_core(p)
-        self.moe(p, n_experts, hash_routed, vision_bias=a.family == "v4.1")
+        self.moe(p, n_experts, hash_routed, vision_bias=family_roles(a).vision_bias)
 
 
 def _v41_layer_extras(b: _Builder, layer: int, p: str) -> None:

@@ -17,6 +17,7 @@ from .paths import existing
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+VISION_BIAS_SUFFIX = ".ffn.gate.bias_vl"
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
@@ -78,7 +79,7 @@ def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path
     compatible = compatible or _compatible
     problems = []
     missing = [n for n in expected if n not in found]
-    extra = [n for n in found if n not in expected]
+    extra = [n for n in found if n not in expected and not unread_by_text_model(n, expected)]
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): {_names(missing)}")
     if extra:
@@ -95,6 +96,14 @@ def check_against(expected: dict[str, torch.Tensor], found: dict[str, tuple[Path
             problems.append(f"'{name}' is stored as {_short(dt)}, the model expects {_short(t.dtype)}")
     if problems:
         raise CheckpointError(f"{where} does not fit the model: " + "; ".join(problems))
+
+
+def unread_by_text_model(name: str, expected) -> bool:
+    """A stored tensor that a model without a vision tower leaves unread rather than refusing: the image-token
+    routing bias `gate.bias_vl`, which only image tokens select with (and such a model has none). Checkpoints this
+    project wrote before the routers followed the config's vision setting hold one, all zeros, in every V4.1
+    layer; `expected` (the model's tensors) lists it when the config has vision, and then it is required."""
+    return name.endswith(VISION_BIAS_SUFFIX) and name not in expected
 
 
 def stored_tensors(files: list[Path], prefix: str = "", metadata: dict[str, Any] | None = None):

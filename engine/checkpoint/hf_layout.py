@@ -39,24 +39,29 @@ def hf_folder(path: str | Path) -> Path | None:
 
 
 def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
-                       options=None) -> tuple[ModelArgs, "Transformer"]:
-    """Build the model a transformers-layout V4 folder describes and fill it. Every tensor is renamed (stacked
-    experts split into views, no copy), checked against the model (missing, unexpected, shape, dtype, NaN / Inf,
-    hash-table ids outside the experts) before the first is copied; then the speed transforms its options ask for."""
+                       token_map=None, options=None, config: ModelArgs | None = None
+                       ) -> tuple[ModelArgs, "Transformer"]:
+    """Build the model a transformers-layout V4 folder describes (config: its config.json unless given) and fill
+    it. Every tensor is renamed (stacked experts split into views, no copy), checked against the model (missing,
+    unexpected, shape, dtype, NaN / Inf, hash-table ids outside the experts) before the first is copied; then the
+    speed transforms its options ask for.
+
+    transformers has no drafter and saves no `mtp.*` weights, while its config keeps the release's
+    `num_nextn_predict_layers`: a folder without them builds the backbone alone (ModelArgs.without_drafter), and
+    the returned config says so (no draft stages); Engine.load tells the user the drafter is absent."""
     folder = hf_folder(existing(path))
     if folder is None:
         raise CheckpointError(f"{path}: not a transformers deepseek_v4 checkpoint (its {CONFIG_NAME} names no "
                               "layer_types)")
-    try:
-        args = config_from_dict(strict_json.loads(strict_json.read_capped(folder / CONFIG_NAME)), name=folder.name)
-    except ConfigError as e:
-        raise ConfigError(f"{folder / CONFIG_NAME}: {e}") from None
+    args = config if config is not None else hf_config(folder)
     files = checkpoint_files(folder)
     check_index(folder, read_header(files))
     stored = {name: (file, t) for file, name, t in stored_tensors(files)}     # memory-mapped views
     where = {name: str(file) for name, (file, _) in stored.items()}
     tensors = from_hf({name: t for name, (_, t) in stored.items()})
-    model = Transformer(args, dtype=dtype, device=device, options=options)
+    if args.n_draft_stages and not any(name.startswith("mtp.") for name in tensors):
+        args = args.without_drafter()
+    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     state = model.state_dict()
     found = {name: (folder, t.dtype, tuple(t.shape)) for name, t in tensors.items()}
     check_against(state, found, f"{folder} (official names shown)", compatible=same_kind)
@@ -67,6 +72,14 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, 
         for name, t in tensors.items():
             state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
     return args, prepare_for_inference(model)
+
+
+def hf_config(folder: Path) -> ModelArgs:
+    """The config.json of a transformers-layout folder, read into ModelArgs (ConfigError names the file)."""
+    try:
+        return config_from_dict(strict_json.loads(strict_json.read_capped(folder / CONFIG_NAME)), name=folder.name)
+    except ConfigError as e:
+        raise ConfigError(f"{folder / CONFIG_NAME}: {e}") from None
 
 
 def same_kind(stored: torch.dtype, wanted: torch.dtype) -> bool:

@@ -112,8 +112,8 @@ class OfficialCheckpoint:
             raise CheckpointError(f"{path}: not an official-format checkpoint (its {CONFIG_NAME} has no "
                                   "quantization_config)")
         self.folder = folder
+        self._headers: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {}  # first: one-file folders map through it
         self.weight_map = self._read_weight_map()                              # name → shard file name
-        self._headers: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {}
 
     def config(self) -> ModelArgs:
         return load_config(self.folder / CONFIG_NAME)
@@ -147,7 +147,9 @@ class OfficialCheckpoint:
                 continue
             shard = self.weight_map.get(name)
             if shard is None:
-                problems.append(f"'{name}'{_role(spec)} is missing: {INDEX_NAME} maps it to no shard")
+                mapped = f"{INDEX_NAME} maps it to no shard" if (self.folder / INDEX_NAME).is_file() else \
+                    f"{SINGLE_NAME} does not hold it"
+                problems.append(f"'{name}'{_role(spec)} is missing: {mapped}")
                 continue
             if not (self.folder / shard).is_file():
                 missing_shards.setdefault(shard, []).append(name)

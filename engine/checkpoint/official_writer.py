@@ -17,7 +17,7 @@ from ..quant.formats import quantize_engram_rows, quantize_fp4, quantize_fp8
 from ..spec.config import ModelArgs, load_config
 from ..text.vocab import ID_MAP_NAME
 from .errors import CheckpointError
-from .files import checkpoint_files, read_header, stored_tensors
+from .files import checkpoint_files, read_header, stored_tensors, unread_by_text_model
 from .finite import check_finite
 from .official import TORCH_DTYPES
 from .official_layout import (
@@ -99,7 +99,7 @@ def _check_source(header: dict, inventory: tuple[TensorSpec, ...], source) -> No
         elif (dtype != torch.int64) if spec.dtype == "I64" else (dtype not in FLOAT_SOURCES):
             problems.append(f"'{name}' in {file.name} is {str(dtype).removeprefix('torch.')}, not a "
                             f"{'int64' if spec.dtype == 'I64' else 'float'} tensor")
-    extra = [n for n in header if n not in wanted]
+    extra = [n for n in header if n not in wanted and not unread_by_text_model(n, wanted)]
     if extra:
         problems.append(f"{len(extra)} tensor(s) the config does not have, e.g. '{extra[0]}'")
     if problems:

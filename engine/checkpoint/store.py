@@ -61,13 +61,18 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
                     token_map=None, options=None, config: ModelArgs | str | Path | None = None
                     ) -> tuple[ModelArgs, "Transformer"]:
     """Build the model described by `config` (default: the config.json beside `path`), load its weights and
-    apply the speed transforms its options ask for (engine.speedups.prepare_for_inference)."""
+    apply the speed transforms its options ask for (engine.speedups.prepare_for_inference). `path` may hold the
+    project's layout, the official one (FP8 / FP4, sharded or one model.safetensors) or a transformers V4 folder.
+    Returns the config the model was built with: a transformers folder without `mtp.*` weights gives the backbone
+    alone (ModelArgs.without_drafter)."""
     existing(path)
-    if official_folder(path) is not None:  # FP8 / FP4 shards with an index: read lazily, kept quantized
+    if official_folder(path) is not None:  # FP8 / FP4, sharded or in one file: read lazily, kept quantized
         return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
-    if config is None and hf_folder(path) is not None:  # a transformers save_pretrained folder (V4)
-        return load_hf_checkpoint(path, device, dtype=dtype, options=options)
-    args = config if isinstance(config, ModelArgs) else load_config(config or config_beside(path))
+    args = config if isinstance(config, ModelArgs) or config is None else load_config(config)
+    if hf_folder(path) is not None:  # a transformers save_pretrained folder (V4): its names, bf16, no drafter
+        return load_hf_checkpoint(path, device, dtype=dtype, token_map=token_map, options=options, config=args)
+    if args is None:
+        args = load_config(config_beside(path))
     check_index(path, read_header(checkpoint_files(path)))  # a broken file is refused before the model is built
     model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
     load_weights(model, path)
@@ -131,7 +136,8 @@ def load_weights(model: torch.nn.Module, path: str | Path, prefix: str = "") -> 
         raise CheckpointError(f"the model has no tensors named '{prefix}*' to load from {path}")
     check_against(state, found, f"{path} ('{prefix}*' tensors)" if prefix else str(path))
     metadata: dict[str, Any] = {}
-    stored = list(stored_tensors(files, prefix, metadata))   # views of the memory-mapped files
+    stored = [(file, name, t) for file, name, t in stored_tensors(files, prefix, metadata)   # memory-mapped views
+              if name in state]                        # what check_against let pass unread (unread_by_text_model)
     for file, name, tensor in stored:
         check_finite(tensor, name, str(file))
         check_table_range(state, name, tensor, str(file))

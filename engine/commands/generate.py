@@ -131,6 +131,8 @@ def generate_text(args: argparse.Namespace) -> int:
                          device=args.device, dtype=getattr(torch, args.dtype), options=options)
     dspark = None
     if args.dspark:
+        if engine.missing_drafter is not None:
+            raise InputError(f"--dspark: {engine.missing_drafter}")
         if not engine.args.has_dspark:
             raise InputError(f"--dspark: config '{engine.args.name}' has no DSpark drafter (dspark_block_size is 0)")
         dspark = DSparkConfig.from_settings(args.schedule, args.threshold, engine.model, on_profiled=_announce_profile)
@@ -151,6 +153,8 @@ def generate_text(args: argparse.Namespace) -> int:
                             "n_hash_layers": engine.args.n_hash_layers})
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
+    if engine.missing_drafter is not None:
+        print(f"[note: {engine.missing_drafter}]", file=sys.stderr)
     for iv in interventions:
         print(f"[intervention {iv.text}: {iv.describe()}]", file=sys.stderr)
     sys.stdout.write(args.prompt)

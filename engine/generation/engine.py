@@ -41,15 +41,20 @@ class Engine:
     """A model with its tokenizer and Engram token map, loaded once; the app, the CLI, the model card and the
     benches generate through it. tokenizer may be None for a model driven by token ids only."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer | None = None, source: str = "") -> None:
+    missing_drafter: str | None = None   # why the config's drafter was not loaded (the CLI shows it), or None
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None = None, source: str = "", *,
+                 missing_drafter: str | None = None) -> None:
         self.args, self.model, self.tokenizer, self.source = model.args, model, tokenizer, source
+        self.missing_drafter = missing_drafter
 
     @classmethod
     def load(cls, config: ModelArgs | str | Path | None = None, checkpoint: str | Path | None = None, *,
              seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32,
              options: EngineOptions | None = None) -> Engine:
         """config: ModelArgs, a config path or preset name (optional with a checkpoint that has config.json
-        beside it). Without a checkpoint the weights are the seeded random initialisation."""
+        beside it). Without a checkpoint the weights are the seeded random initialisation. A checkpoint without the
+        drafter its config lists (a transformers folder) gives the backbone, and `missing_drafter` says why."""
         world = join_world(device)  # None in one process; under torchrun: this rank (model sharded, engine.parallel)
         args = config if isinstance(config, ModelArgs) or config is None else resolve_config(str(config))
         if checkpoint is not None and args is None:
@@ -69,6 +74,7 @@ class Engine:
                 _, model = load_checkpoint(checkpoint, device, dtype=dtype, token_map=token_map, options=options,
                                            config=args)
             source = f"checkpoint {checkpoint}"
+            missing_drafter = _missing_drafter(args, model.args, checkpoint)
         else:
             if args is None:
                 raise InputError("Engine.load: give a config (or a checkpoint with config.json beside it)")
@@ -80,10 +86,11 @@ class Engine:
                                     options=options)
                 init_weights(prepare_for_inference(model), seed)
             source = f"random init (seed {seed})"
+            missing_drafter = None
         if world is not None:
             source += f", split over {world.size} ranks"
         model.eval()
-        return cls(model, tokenizer, source)
+        return cls(model, tokenizer, source, missing_drafter=missing_drafter)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """Token ids of any valid text (empty too); InputError for text that is no valid Unicode."""
@@ -133,6 +140,17 @@ class Engine:
 
         result = self.generate(ids, request, on_token=on_each_token)
         return TextGeneration([self.tokenizer.decode(t) for t in result.tokens], ids, result)
+
+
+def _missing_drafter(config: ModelArgs, built: ModelArgs, checkpoint: str | Path) -> str | None:
+    """Why the model lacks the drafter its config lists (a transformers folder, which saves no `mtp.*` weights:
+    engine.checkpoint.hf_layout), or None when nothing is missing."""
+    if not config.n_draft_stages or built.n_draft_stages:
+        return None
+    kind = "DSpark" if config.has_dspark else "MTP"
+    return (f"drafter absent: {checkpoint} holds no mtp.* weights for the {config.n_draft_stages} {kind} draft "
+            "stage(s) its config lists (transformers saves none); the backbone is loaded, DSpark speculative "
+            "decoding is unavailable")
 
 
 def _refuse_if_too_big(args: ModelArgs, world: World | None, device: str, dtype: torch.dtype,

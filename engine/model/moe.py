@@ -32,7 +32,7 @@ class Gate(nn.Module):
         fp32 = torch.float64 if dtype == torch.float64 else torch.float32
         self.weight = nn.Parameter(torch.empty(n_experts, args.dim, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
-        if family_roles(args).vision_bias:  # V4.1 only: image tokens select with their own bias
+        if family_roles(args).vision_bias:  # V4.1 with a vision tower: image tokens select with their own bias
             self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=fp32, device=device))
 
     def forward(self, x: torch.Tensor, vision: torch.Tensor | None = None,

@@ -138,7 +138,8 @@ class Transformer(HCHead):
         positions = start.unsqueeze(1) + torch.arange(S)                      # [B, S] CPU
         if image_mask is not None:
             if not self.family.vision_bias:
-                raise InputError(f"image_mask given, but config '{self.args.name or self.args.model_type}' (V4 family) "
+                why = "V4 family" if self.args.family == "v4" else "no vision tower: vision_n_layers is 0"
+                raise InputError(f"image_mask given, but config '{self.args.name or self.args.model_type}' ({why}) "
                                  "has no image tokens")
             image_mask = torch.as_tensor(image_mask, dtype=torch.bool)
             if image_mask.shape != tokens.shape:

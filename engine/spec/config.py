@@ -131,6 +131,12 @@ class ModelArgs:
         return self.dspark_block_size > 0
 
     @property
+    def vision_enabled(self) -> bool:
+        """Whether the config has a vision tower (the reference's `vision_enabled`): only then does a V4.1 router
+        hold `gate.bias_vl`, the selection bias of image tokens."""
+        return self.vision_n_layers > 0
+
+    @property
     def has_engram(self) -> bool:
         return bool(self.engram_layer_ids)
 
@@ -174,6 +180,12 @@ class ModelArgs:
 
     def replace(self, **changes: Any) -> "ModelArgs":
         return dataclasses.replace(self, **changes)
+
+    def without_drafter(self) -> "ModelArgs":
+        """The backbone alone, with no draft stage (DSpark or MTP): the config of a checkpoint that holds no
+        `mtp.*` weights although its config lists draft layers (transformers saves none)."""
+        dspark = {f.name: f.default for f in fields(self) if f.name.startswith("dspark_")}
+        return self.replace(n_mtp_layers=0, compress_ratios=self.compress_ratios[: self.n_layers], **dspark)
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -56,11 +56,13 @@ class LayerRole:
 
 @dataclass(frozen=True)
 class FamilyRoles:
-    """What differs between the V4 and V4.1 families as a whole (spec §11), read by the one model code path."""
+    """What differs between the V4 and V4.1 families as a whole (spec §11), and whether a V4.1 config has vision,
+    read by the one model code path."""
     single_pass_mhc: bool    # V4.1: a site collapses with the previous site's pre; V4: with its own
     hc_head: bool            # V4: learned final collapse `hc_head_{fn,base,scale}` (and on the last draft stage)
     q_head_norm: bool        # V4: weightless RMS norm of each query head after wq_b
-    vision_bias: bool        # V4.1: the router's second selection bias `gate.bias_vl` for image tokens
+    vision_bias: bool        # V4.1 with a vision tower (vision_n_layers > 0, the reference's vision_enabled):
+                             # the router's second selection bias `gate.bias_vl` for image tokens
     markov_names: tuple[str, str]   # the Markov head's (W1, W2) module names in the checkpoint
     overlap_ratio: int       # V4: compressors of this ratio pool two overlapping windows (CSA); 0 = none
     ape: bool                # V4: compressors add a learned per-slot bias `ape` to their gate logits
@@ -77,7 +79,7 @@ def family_roles(a: "ModelArgs") -> FamilyRoles:
         return FamilyRoles(single_pass_mhc=False, hc_head=True, q_head_norm=True, vision_bias=False,
                            markov_names=("markov_w1", "markov_w2"), overlap_ratio=4, ape=True, key_compressor=True,
                            v4_quant_sim=True)
-    return FamilyRoles(single_pass_mhc=True, hc_head=False, q_head_norm=False, vision_bias=True,
+    return FamilyRoles(single_pass_mhc=True, hc_head=False, q_head_norm=False, vision_bias=a.vision_enabled,
                        markov_names=("embed", "head"), overlap_ratio=0, ape=False, key_compressor=False,
                        v4_quant_sim=False)
 

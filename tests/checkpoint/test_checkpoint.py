@@ -8,6 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.checkpoint.official_layout import INDEX_NAME
+from engine.checkpoint.official_writer import write_official
 from engine.checkpoint.store import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from engine.model import Transformer, init_weights
 from engine.spec.config import load_config
@@ -50,6 +52,30 @@ def test_round_trip_gives_bit_identical_logits(tiny, saved):
     assert torch.equal(logits_of(loaded), logits_of(model))
     # the weights really came from the file: a fresh model differs
     assert not torch.equal(logits_of(fresh(tiny)), logits_of(model))
+
+
+def test_a_text_only_model_leaves_an_older_checkpoints_bias_vl_unread(tiny, saved, tmp_path):
+    """Checkpoints written before the routers followed the config's vision setting (the shipped default among
+    them) hold a zero `gate.bias_vl` per V4.1 router; a model without a vision tower has no image tokens to route
+    with it, so it loads them as before, and `engine quantize` writes the text-only official layout."""
+    args, token_map, model = tiny
+    tensors = load_file(str(saved))
+    assert not args.vision_enabled and not any(n.endswith("bias_vl") for n in tensors)
+    tensors.update({f"{role.path}.ffn.gate.bias_vl": torch.zeros(args.n_routed_experts if role.layer < args.n_layers
+                                                                 else args.draft_n_routed_experts)
+                    for role in args.roles})
+    older = tmp_path / "older"
+    older.mkdir()
+    save_file(tensors, str(older / "model.safetensors"), metadata={"format": "pt"})
+    (older / "config.json").write_text((saved.parent / "config.json").read_text())
+    _, loaded = load_checkpoint(older, token_map=token_map)
+    assert torch.equal(logits_of(loaded), logits_of(model))
+    written = write_official(older, tmp_path / "official", shards=1)
+    assert not any(n.endswith("bias_vl") for n in json.loads((written.folder / INDEX_NAME).read_text())["weight_map"])
+    tensors["layers.0.ffn.gate.bogus"] = torch.zeros(2)       # anything else stays refused
+    save_file(tensors, str(older / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"unexpected 1 tensor\(s\): 'layers\.0\.ffn\.gate\.bogus'"):
+        load_checkpoint(older, token_map=token_map)
 
 
 def test_bf16_storage_keeps_the_official_fp32_tensors(tiny, tmp_path):

@@ -11,7 +11,8 @@ from tests.kernel_helpers import DEVICE, MODES, TOL, assert_close, assert_equal,
 
 
 def _gate(dim, E, k, *, dtype, seed, temp=1.0, norm=True, route_scale=1.5):
-    args = SimpleNamespace(dim=dim, route_scale=route_scale, gate_temp=temp, norm_topk_prob=norm, family="v4.1")
+    args = SimpleNamespace(dim=dim, route_scale=route_scale, gate_temp=temp, norm_topk_prob=norm, family="v4.1",
+                           vision_enabled=True)
     g = Gate(args, E, k, dtype=dtype).to(DEVICE).requires_grad_(False)
     g.weight.copy_(randn(E, dim, seed=seed, scale=2 * dim ** -0.5, dtype=dtype))
     g.bias.copy_(randn(E, seed=seed + 1, scale=0.3))                   # large enough to change the selection

@@ -3,18 +3,20 @@ import numpy as np
 import pytest
 import torch
 
+from engine.accounting.inventory import inventory_tuple
 from engine.model import EngineOptions, Transformer
 from engine.model.moe import MoE
 from engine.spec.config import load_config
+from engine.spec.errors import InputError
 from engine.speedups.fast_moe import FastMoE
-from tests.model_helpers import RecordingTrace, random_tokens, synthetic_token_map, tiny_model
+from tests.model_helpers import VISION, RecordingTrace, random_tokens, synthetic_token_map, tiny_args, tiny_model
 
 SMALL = dict(vocab_size=2048, dspark_noise_token_id=2047)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(**SMALL)
+    return tiny_model(**SMALL, **VISION)   # with a vision tower: image tokens route with gate.bias_vl
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +275,16 @@ def test_taps_are_stream_means_entering_the_target_layers(model, tokens):
     assert taps.shape == (1, 9, len(model.args.dspark_target_layer_ids) * d)
     for k, i in enumerate(model.args.dspark_target_layer_ids):
         assert torch.equal(taps[..., k * d:(k + 1) * d], seen[i])
+
+
+def test_a_text_only_v41_model_has_no_image_routing():
+    """gate.bias_vl follows the config's vision tower (the reference's vision_enabled), in the model and the
+    inventory alike, for every router (backbone and drafter)."""
+    text, vision = tiny_args(), tiny_args(**VISION)
+    for a, has in ((text, False), (vision, True)):
+        state = Transformer(a, device="meta").state_dict()
+        listed = {s.name for s in inventory_tuple(a)}
+        routers = [f"{role.path}.ffn.gate.bias_vl" for role in a.roles]
+        assert all((n in state) == has and (n in listed) == has for n in routers)
+    with pytest.raises(InputError, match="no vision tower: vision_n_layers is 0"):
+        Transformer(text)(torch.zeros(1, 3, dtype=torch.long), image_mask=torch.zeros(1, 3, dtype=torch.bool))
