@@ -28,7 +28,7 @@ from engine.spec.errors import InputError
 from engine.spec.presets import resolve_config
 
 # loads the shipped model and its official copy twice each and generates [100 s on a loaded 2-core machine, 80 of
-# them the process's first generation: the CPU kernels' one-time warm-up]
+# them the first generation compiling the C++ CPU kernels of engine/kernels for this checkout]
 pytestmark = pytest.mark.slow
 
 SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
