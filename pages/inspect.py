@@ -13,7 +13,7 @@ choice = inspect_page.model_sidebar(link.model)
 inspect_link.take_jump()
 st.title("Inspect a generation")
 inspect_link.show_notes()
-slot = engine_session.engine_slot(choice)
+slot = engine_session.engine_slot(choice, inspect_page.experts_setting())
 inspect_page.weights_note(slot)
 offered = inspect_link.offer_run(choice.key)
 settings = inspect_page.settings_form(slot.args, inspect_link.form_values(link)) or offered

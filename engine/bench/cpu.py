@@ -8,11 +8,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..graphs import GraphedDecoder
-from ..model import Transformer, init_weights
+from ..model import init_weights
 from ..parallel import shard_for_launch
+from ..placement import build_model, prepare_model
 from ..spec.config import ModelArgs
 from ..spec.errors import InputError
-from ..speedups import prepare_for_inference
 from ..trace import Trace, TraceBudget
 from .machine import machine_description
 
@@ -63,7 +63,7 @@ def bench_model(args: ModelArgs, *, batch: int, prompt_len: int, new_tokens: int
     token_map = None
     if args.has_engram:  # a synthetic map keeps the bench independent of the tokenizer files
         token_map = torch.arange(args.vocab_size).remainder(args.engram_compressed_vocab_size).numpy()
-    model = prepare_for_inference(Transformer(args, token_map, dtype=dtype, device=device, options=options))
+    model = prepare_model(build_model(args, token_map, dtype=dtype, device=device, options=options))   # experts placed
     init_weights(model, seed)
     return shard_for_launch(model).eval()  # under torchrun: this rank's shard (engine.parallel)
 

@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..model import Transformer
+from ..placement import build_model, prepare_model
 from ..spec import strict_json
 from ..spec.config import ModelArgs, config_from_dict
 from ..spec.errors import ConfigError
 from ..spec.hf_config import is_hf_v4
-from ..speedups import prepare_for_inference
 from .errors import CheckpointError
 from .files import check_against, check_index, checkpoint_files, read_header, stored_tensors
 from .finite import check_finite
@@ -61,7 +60,7 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, 
     tensors = from_hf({name: t for name, (_, t) in stored.items()})
     if args.n_draft_stages and not any(name.startswith("mtp.") for name in tensors):
         args = args.without_drafter()
-    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
+    model = build_model(args, token_map, dtype=dtype, device=device, options=options)   # experts placed (options)
     state = model.state_dict()
     found = {name: (folder, t.dtype, tuple(t.shape)) for name, t in tensors.items()}
     check_against(state, found, f"{folder} (official names shown)", compatible=same_kind)
@@ -71,7 +70,7 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, 
     with torch.no_grad():
         for name, t in tensors.items():
             state[name].copy_(t.to(device=state[name].device, dtype=state[name].dtype))
-    return args, prepare_for_inference(model)
+    return args, prepare_model(model)
 
 
 def hf_config(folder: Path) -> ModelArgs:

@@ -11,11 +11,10 @@ from torch import nn
 
 from ..accounting.inventory import TensorSpec, inventory_tuple
 from ..model import Transformer
-from ..model.rope import Rotary
+from ..placement import allocate, prepare_model
 from ..quant.apply import quantize_model
 from ..quant.formats import dequantize_fp4, dequantize_fp8
 from ..spec.config import ModelArgs, load_config
-from ..speedups import prepare_for_inference
 from .errors import CheckpointError
 from .finite import check_finite, check_scale_range
 from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint
@@ -91,8 +90,9 @@ def load_official_model(path: str | Path, device: str | torch.device = "cpu", *,
     """Build the model an official-format checkpoint describes (config: its config.json unless given) and load
     it. quantized: weights stay FP8 / FP4 in memory (engine.quant.apply.quantize_model; Engram tables stay
     memory-mapped on the host); False: an unquantized reference model with every weight dequantized at load.
-    The model is built on the meta device and allocated once, in its final storage: no float copy of a
-    quantized weight ever exists. Then the speed transforms its options ask for (prepare_for_inference)."""
+    The model is built on the meta device and allocated once, in its final storage and place: no float copy of a
+    quantized weight ever exists, and with options.experts "host" no routed expert touches the device
+    (engine.placement). Then the speed transforms and the placement its options ask for (prepare_model)."""
     ckpt = OfficialCheckpoint(path)
     args = config if isinstance(config, ModelArgs) else load_config(config or ckpt.folder / CONFIG_NAME)
     if args.dtype != "fp8":
@@ -102,10 +102,9 @@ def load_official_model(path: str | Path, device: str | torch.device = "cpu", *,
     if quantized:
         quantize_model(model, from_values=False)
     plan = plan_load(model, args)
-    model.to_empty(device=device)
-    _rebuild_rotary(model, args, device)
+    allocate(model, device)   # the routed experts in host memory when options.experts is "host"
     load_official(model, ckpt.folder, args=args, plan=plan)
-    return args, prepare_for_inference(model)
+    return args, prepare_model(model)
 
 
 def _dequantized(state: dict[str, torch.Tensor], inventory: dict[str, TensorSpec]) -> tuple[set[str], list[str]]:
@@ -150,13 +149,6 @@ def _dequantize(name: str, stored: torch.Tensor, scale: torch.Tensor, spec: Tens
     if spec.dtype == "I8":
         return dequantize_fp4(stored, scale)
     return dequantize_fp8(stored, scale, scale_block(name, spec.dtype, args))
-
-
-def _rebuild_rotary(model: nn.Module, args: ModelArgs, device) -> None:
-    """to_empty leaves non-persistent buffers unset: recompute the rotary frequencies (the only ones with values)."""
-    for module in model.modules():
-        if isinstance(module, Rotary):
-            module.freqs = Rotary(*module.key, args, device=device).freqs
 
 
 def _short(dt: torch.dtype) -> str:

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from ..model import Transformer
+from ..placement import build_model, prepare_model
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
-from ..speedups import prepare_for_inference
 from ..text.vocab import ID_MAP_NAME, IdMap
 from .errors import CheckpointError
 from .files import FLOAT_DTYPES, WEIGHTS_NAME, check_against, check_index, checkpoint_files, read_header, stored_tensors
@@ -61,10 +60,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
                     token_map=None, options=None, config: ModelArgs | str | Path | None = None
                     ) -> tuple[ModelArgs, "Transformer"]:
     """Build the model described by `config` (default: the config.json beside `path`), load its weights and
-    apply the speed transforms its options ask for (engine.speedups.prepare_for_inference). `path` may hold the
-    project's layout, the official one (FP8 / FP4, sharded or one model.safetensors) or a transformers V4 folder.
-    Returns the config the model was built with: a transformers folder without `mtp.*` weights gives the backbone
-    alone (ModelArgs.without_drafter)."""
+    apply the speed transforms and the expert placement its options ask for (engine.placement.prepare_model). `path`
+    may hold the project's layout, the official one (FP8 / FP4, sharded or one model.safetensors) or a transformers
+    V4 folder. Returns the config the model was built with: a transformers folder without `mtp.*` weights gives the
+    backbone alone (ModelArgs.without_drafter)."""
     existing(path)
     if official_folder(path) is not None:  # FP8 / FP4, sharded or in one file: read lazily, kept quantized
         return load_official_model(path, device, dtype=dtype, token_map=token_map, options=options, config=config)
@@ -74,9 +73,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", *, dty
     if args is None:
         args = load_config(config_beside(path))
     check_index(path, read_header(checkpoint_files(path)))  # a broken file is refused before the model is built
-    model = Transformer(args, token_map, dtype=dtype, device=device, options=options)
+    model = build_model(args, token_map, dtype=dtype, device=device, options=options)   # experts placed (options)
     load_weights(model, path)
-    return args, prepare_for_inference(model)
+    return args, prepare_model(model)
 
 
 def config_beside(path: str | Path) -> Path:

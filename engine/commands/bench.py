@@ -9,7 +9,7 @@ from ..request.schedules import SCHEDULES
 from ..spec.errors import InputError
 from ..spec.presets import resolve_config
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
-from .run_args import DTYPES, apply_threads
+from .run_args import DTYPES, add_experts_argument, apply_threads, check_experts
 
 HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
 
@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="weights and activations of the plain and --compile rows (default float32; bfloat16 "
                              "keeps the tensors the reference holds in fp32, such as the head, in fp32)")
+    add_experts_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--results", metavar="OUT",
                         help="also write that object as a results file, with the command, date, commit, machine and "
@@ -63,6 +64,7 @@ def bench(args: argparse.Namespace) -> int:
     from ..bench.dspark import run_dspark_bench
     from ..bench.gpu import graph_decode_rates, graph_rate_lines, run_gpu_bench
     from ..kernels.runtime import unavailable_reason
+    from ..model import EngineOptions
     from ..parallel import launched_size
     from ..parallel.world import is_main_process
 
@@ -73,6 +75,13 @@ def bench(args: argparse.Namespace) -> int:
         raise InputError("--gpu and --cuda-graphs measure one process; under torchrun, bench measures the plain "
                          "(and --dspark) rows")
     check_arguments(args, resolve_config(args.config))
+    experts = getattr(args, "experts", "device")
+    check_experts(experts, getattr(args, "cuda_graphs", False) or getattr(args, "compile", False))
+    if experts == "host" and (launched_size() > 1 or getattr(args, "gpu", False)):
+        raise InputError("--experts host measures one process with the routed experts on the host: not under "
+                         "torchrun (expert parallelism splits them over the ranks) nor with --gpu (its kernel rows "
+                         "hold every weight on the device)")
+    options = EngineOptions(experts=experts)
     if getattr(args, "gpu", False):
         reason = unavailable_reason(args.device)
         if reason is not None:
@@ -81,7 +90,7 @@ def bench(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
-                       dtype=dtype)
+                       dtype=dtype, options=options)
     gpu = None
     if getattr(args, "gpu", False):
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None
@@ -100,7 +109,7 @@ def bench(args: argparse.Namespace) -> int:
     if getattr(args, "dspark", False):
         spec = run_dspark_bench(resolve_config(args.config), schedule=args.schedule, batch=args.batch,
                                 prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
-                                seed=args.seed, device=args.device)
+                                seed=args.seed, device=args.device, options=options)
     out = result.to_dict() if gpu is None else {**result.to_dict(), "gpu": gpu.to_dict()}
     out = out if graphs is None else {**out, "cuda_graphs": graphs}
     out = out if compiled is None else {**out, "compile": compiled}

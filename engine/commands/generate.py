@@ -23,7 +23,7 @@ from .arg_checks import (
     check_seed,
     check_threads,
 )
-from .run_args import DTYPES, apply_threads
+from .run_args import DTYPES, add_experts_argument, apply_threads, check_experts
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
 HELP = "generate text from a prompt (random-init or checkpoint weights), optionally writing a trace"
@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scheduler (Alg. 1) with this machine's profiled throughput table, which also decodes "
                              "plainly while drafting does not pay (default all)")
     parser.add_argument("--threshold", type=float, default=0.5, help="confidence cut for --schedule threshold")
+    add_experts_argument(parser)
     parser.add_argument("--kernels", choices=("torch", "triton"), default="torch",
                         help="triton: the fused Triton kernels for mHC seams, router, routed experts and Engram "
                              "(CUDA, or CPU under TRITON_INTERPRET=1); torch = the reference (default)")
@@ -128,7 +129,7 @@ def generate_text(args: argparse.Namespace) -> int:
             raise InputError(f"--kernels triton on {args.device}: {reason}")
         options = EngineOptions(kernels="triton")
     engine = Engine.load(model_args, None if args.random_init else args.checkpoint, seed=args.seed,
-                         device=args.device, dtype=getattr(torch, args.dtype), options=options)
+                         device=args.device, dtype=getattr(torch, args.dtype), options=options, experts=args.experts)
     dspark = None
     if args.dspark:
         if engine.missing_drafter is not None:
@@ -152,7 +153,8 @@ def generate_text(args: argparse.Namespace) -> int:
                             "engram_max_ngram_size": engine.args.engram_max_ngram_size,
                             "n_hash_layers": engine.args.n_hash_layers})
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
-    print(f"[{engine.args.name or 'model'} · {engine.source} · {args.device}]", file=sys.stderr)
+    where = args.device + (", routed experts on the host" if args.experts == "host" else "")
+    print(f"[{engine.args.name or 'model'} · {engine.source} · {where}]", file=sys.stderr)
     if engine.missing_drafter is not None:
         print(f"[note: {engine.missing_drafter}]", file=sys.stderr)
     for iv in interventions:
@@ -192,6 +194,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_seed(args.seed)
     check_threads(args.threads)
     check_device(args.device)
+    check_experts(args.experts, args.cuda_graphs or args.compile)
     check_at_least(args.max_new_tokens, 0, "--max-new-tokens")
     check_sampling(args.temperature, args.top_k, args.top_p, names=("--temperature", "--top-k", "--top-p"))
     check_repetition(args.repetition_penalty, args.no_repeat_ngram, names=("--repetition-penalty", "--no-repeat-ngram"))

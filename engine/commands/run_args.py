@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from ..spec.errors import InputError
 from .arg_checks import check_seed, check_threads
 
 DTYPES = ("float32", "bfloat16")   # --dtype of generate and bench
+EXPERTS = ("device", "host")       # --experts of generate and bench (engine.model.options.EXPERT_PLACEMENTS)
 
 
 def add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
@@ -37,6 +39,22 @@ def add_run_arguments(parser: argparse.ArgumentParser, resume_help: str, export_
     parser.add_argument("--resume", action="store_true", help=resume_help)
     parser.add_argument("--export", metavar="DIR", help=export_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (the CSV log is still written)")
+
+
+def add_experts_argument(parser: argparse.ArgumentParser) -> None:
+    """--experts device|host: where the routed experts live (engine.placement)."""
+    parser.add_argument("--experts", choices=EXPERTS, default="device",
+                        help="host: the routed experts stay in host memory and run on the CPU for the tokens routed "
+                             "to them, everything else on --device (one GPU + host RAM; one process, no "
+                             "--cuda-graphs / --compile); device: every weight on --device (default)")
+
+
+def check_experts(experts: str, graphed: bool) -> None:
+    """--experts host with --cuda-graphs or --compile, refused before any work: the host round trip of each MoE layer
+    cannot be captured or compiled."""
+    if experts == "host" and graphed:
+        raise InputError("--experts host runs the routed experts on the host, a round trip a CUDA graph or a "
+                         "compiled step cannot hold: leave out --cuda-graphs and --compile, or use --experts device")
 
 
 def apply_threads(threads: int | None) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -13,13 +13,13 @@ from ..model import Transformer, init_weights
 from ..model.options import EngineOptions
 from ..parallel import build_shard
 from ..parallel.settings import lockstep_settings
-from ..parallel.world import World, join_world
-from ..plan.memory_fit import check_model_fits
+from ..parallel.world import World, join_world, launched_size
+from ..placement import build_model, prepare_model
+from ..plan.memory_fit import check_model_fits, check_split_fits
 from ..request import GenerationRequest
 from ..spec.config import ModelArgs, load_config
 from ..spec.errors import InputError
 from ..spec.presets import resolve_config
-from ..speedups import prepare_for_inference
 from ..text.byte_fallback import ByteFallbackTokenizer
 from ..text.engram_map import model_token_map
 from ..text.prompt_text import check_prompt_text, check_text
@@ -51,16 +51,25 @@ class Engine:
     @classmethod
     def load(cls, config: ModelArgs | str | Path | None = None, checkpoint: str | Path | None = None, *,
              seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32,
-             options: EngineOptions | None = None) -> Engine:
+             options: EngineOptions | None = None, experts: str | None = None) -> Engine:
         """config: ModelArgs, a config path or preset name (optional with a checkpoint that has config.json
-        beside it). Without a checkpoint the weights are the seeded random initialisation. A checkpoint without the
-        drafter its config lists (a transformers folder) gives the backbone, and `missing_drafter` says why."""
+        beside it). Without a checkpoint the weights are the seeded random initialisation. experts: where the
+        routed experts live, "device" or "host" (host memory, run on the host's CPU: engine.placement; one
+        process only); None keeps options.experts (default "device"). A checkpoint without the drafter its config
+        lists (a transformers folder) gives the backbone, and `missing_drafter` says why."""
+        if experts is not None:
+            options = replace(options or EngineOptions(), experts=experts)
+        host_experts = options is not None and options.experts == "host"
+        if host_experts and launched_size() > 1:
+            raise InputError("--experts host runs in one process (one GPU + host RAM); under torchrun the routed "
+                             "experts are split over the ranks instead (expert parallelism): launch without "
+                             "torchrun, or leave out --experts host")
         world = join_world(device)  # None in one process; under torchrun: this rank (model sharded, engine.parallel)
         args = config if isinstance(config, ModelArgs) or config is None else resolve_config(str(config))
         if checkpoint is not None and args is None:
             args = load_config(config_beside(checkpoint))
         if args is not None:  # first, before the tokenizer and any weight: refuse what cannot fit
-            _refuse_if_too_big(args, world, device, dtype, checkpoint)
+            _refuse_if_too_big(args, world, device, dtype, checkpoint, host_experts)
         tokenizer = load_tokenizer()
         if checkpoint is not None:
             id_map = id_map_beside(checkpoint, tokenizer, args.vocab_size)
@@ -82,9 +91,9 @@ class Engine:
                 model = build_shard(args, world, token_map=model_token_map(args, tokenizer), seed=seed, dtype=dtype,
                                     options=options)
             else:
-                model = Transformer(args, model_token_map(args, tokenizer), dtype=dtype, device=device,
+                model = build_model(args, model_token_map(args, tokenizer), dtype=dtype, device=device,
                                     options=options)
-                init_weights(prepare_for_inference(model), seed)
+                init_weights(prepare_model(model), seed)
             source = f"random init (seed {seed})"
             missing_drafter = None
         if world is not None:
@@ -154,10 +163,11 @@ def _missing_drafter(config: ModelArgs, built: ModelArgs, checkpoint: str | Path
 
 
 def _refuse_if_too_big(args: ModelArgs, world: World | None, device: str, dtype: torch.dtype,
-                       checkpoint: str | Path | None = None) -> None:
+                       checkpoint: str | Path | None = None, host_experts: bool = False) -> None:
     """In one process every weight lands on `device`: refuse a model whose weights cannot fit there before
     allocating any (engine.plan.memory_fit; a quantized official checkpoint leaves its Engram tables on disk).
-    Under torchrun each rank holds only its shard (engine.parallel), so the check is left to the memory plan."""
+    With the routed experts on the host and a GPU device, the experts must fit the host's memory and the rest the
+    GPU's. Under torchrun each rank holds only its shard (engine.parallel), so the check is left to the memory plan."""
     if world is not None:
         return
     free = None
@@ -166,4 +176,8 @@ def _refuse_if_too_big(args: ModelArgs, world: World | None, device: str, dtype:
             free = (torch.cuda.mem_get_info(torch.device(device))[0], f"free memory on {device}")
         except (RuntimeError, AssertionError):  # no such GPU: left to the device check that follows
             return
-    check_model_fits(args, dtype.itemsize, checkpoint is not None and official_folder(checkpoint) is not None, free)
+    official = checkpoint is not None and official_folder(checkpoint) is not None
+    if host_experts and free is not None:
+        check_split_fits(args, dtype.itemsize, official, free)
+    else:
+        check_model_fits(args, dtype.itemsize, official, free)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..model import ForwardOutput
+from ..placement import refuse_host_experts
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
@@ -55,6 +56,7 @@ class GraphedDecoder:
     def __init__(self, model, cache, *, scratch_row: int | None = None, capture: bool | None = None,
                  warmup: int = 2, min_bucket: int = 1, tokens_per_row: int = 1, logits: str = "last",
                  return_taps: bool = False, compile: bool = False):
+        refuse_host_experts(model, "a CUDA-graphed or compiled decode step")
         self.model, self.cache = apply_speedups(model), cache
         self.scratch_row = scratch_row_for(scratch_row, cache.batch_size, "the cache's")
         if compile and capture:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..dspark.drafter import Draft, markov_drafts
+from ..placement import refuse_host_experts
 from ..spec.errors import InputError
 from ..speedups import apply_speedups
 from ..speedups.fast_moe import build_expert_stacks
@@ -44,6 +45,7 @@ class GraphedDrafter:
                  warmup: int = 2, min_bucket: int = 1, compile: bool = False):
         if not len(model.mtp):
             raise InputError("GraphedDrafter: the model has no DSpark draft stages")
+        refuse_host_experts(model, "a CUDA-graphed or compiled draft step")
         self.model, self.rings = apply_speedups(model), rings
         self.scratch_row = scratch_row_for(scratch_row, rings.batch_size, "the drafter cache's")
         if compile and capture:

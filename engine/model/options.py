@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from ..spec.errors import InputError
 
+EXPERT_PLACEMENTS = ("device", "host")   # the CLI's --experts choices (engine.commands.run_args.EXPERTS)
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -26,10 +28,16 @@ class EngineOptions:
     # kernels for the mHC seams, router, routed experts and Engram (CUDA, or CPU under TRITON_INTERPRET=1);
     # "torch" the PyTorch speed paths. The model itself always runs the reference code it is built with.
     kernels: str = "torch"
+    # Where the routed experts live (engine.placement): "device" with the rest of the model, or "host": in host memory,
+    # run on the host's CPU for the tokens routed to them (one GPU + host RAM); the loaders allocate them there.
+    experts: str = "device"
 
     def __post_init__(self):
         if self.kernels not in ("torch", "triton"):
             raise InputError(f"EngineOptions.kernels must be 'torch' or 'triton', got {self.kernels!r}")
+        if self.experts not in EXPERT_PLACEMENTS:
+            raise InputError(f"EngineOptions.experts must be one of {', '.join(map(repr, EXPERT_PLACEMENTS))}, "
+                             f"got {self.experts!r}")
 
     def margin_for(self, dspark_block_size: int) -> int:
         need = max(2 * (dspark_block_size + 1), 8)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 QUANTIZED_DTYPES = ("F8_E4M3", "F8_E8M0", "I8")  # kept as stored by the quantized official loader
 DEQUANTIZED_AT_LOAD = ".attn.wo_a."               # spec §2.4: held in the compute dtype
+ROUTED_EXPERTS = ".ffn.experts."                  # layers.L.ffn.experts.E.* and mtp.K.ffn.experts.E.*
 
 
 def resident_bytes(args: "ModelArgs", bytes_per_value: int, official: bool = False) -> int:
@@ -27,17 +28,25 @@ def resident_bytes(args: "ModelArgs", bytes_per_value: int, official: bool = Fal
     them; the process does not allocate them)."""
     if not official:
         return account(args).total_params * bytes_per_value
-    total = 0
-    for t in inventory_tuple(args):
-        if kind_of(t.name) == "engram_tables":
-            continue
-        if DEQUANTIZED_AT_LOAD in t.name:
-            total += t.params * bytes_per_value  # the scale (params 0) is folded into the weight
-        elif t.dtype in QUANTIZED_DTYPES:
-            total += t.nbytes
-        else:
-            total += prod(t.shape) * (8 if t.dtype == "I64" else bytes_per_value)
-    return total
+    return sum(_held(t, bytes_per_value) for t in inventory_tuple(args) if kind_of(t.name) != "engram_tables")
+
+
+def routed_expert_bytes(args: "ModelArgs", bytes_per_value: int, official: bool = False) -> int:
+    """The part of resident_bytes the routed experts hold (the MoE layers' and the drafter's `mtp.*` ones): what the
+    host-experts placement (engine.placement) keeps in host memory."""
+    experts = [t for t in inventory_tuple(args) if ROUTED_EXPERTS in t.name]
+    if not official:
+        return sum(t.params for t in experts) * bytes_per_value
+    return sum(_held(t, bytes_per_value) for t in experts)
+
+
+def _held(t, bytes_per_value: int) -> int:
+    """Bytes the quantized official loader allocates for one stored tensor (Engram tables aside)."""
+    if DEQUANTIZED_AT_LOAD in t.name:
+        return t.params * bytes_per_value  # the scale (params 0) is folded into the weight
+    if t.dtype in QUANTIZED_DTYPES:
+        return t.nbytes
+    return prod(t.shape) * (8 if t.dtype == "I64" else bytes_per_value)
 
 
 def available_memory() -> tuple[int, str]:
@@ -92,6 +101,21 @@ def check_model_fits(args: "ModelArgs", bytes_per_value: int, official: bool = F
                          "refused before allocating. Use a smaller config (such as tiny-v4.1) or a machine with "
                          "more memory" + ("" if official else ", or load a quantized official-format checkpoint"))
     return need
+
+
+def check_split_fits(args: "ModelArgs", bytes_per_value: int, official: bool,
+                     device_free: tuple[int, str]) -> None:
+    """The host-experts placement's check_model_fits: the routed experts against this host's available_memory(),
+    everything else against device_free ((bytes, source) of the GPU). InputError naming the part that does not
+    fit, before any weight is allocated."""
+    experts = routed_expert_bytes(args, bytes_per_value, official)
+    rest = resident_bytes(args, bytes_per_value, official) - experts
+    name = args.name or args.model_type or "from the config"
+    for need, (have, source), part in ((rest, device_free, "everything but its routed experts"),
+                                       (experts, available_memory(), "its routed experts, kept in host memory")):
+        if need > have:
+            raise InputError(f"model '{name}' with --experts host needs about {_gib(need)} for {part}, but only "
+                             f"{_gib(have)} is available ({source}); refused before allocating")
 
 
 def _gib(n: int) -> str:

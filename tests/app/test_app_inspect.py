@@ -134,6 +134,21 @@ def test_inspect_sidebar_shows_the_model_to_run_not_the_diagram_config():
     assert "inspect_model" in keys and "config_widget" not in keys
 
 
+@pytest.mark.slow  # loads the shipped model a second time, with its routed experts in host memory, and generates
+def test_the_routed_experts_can_live_in_host_memory():   # [64 s, mostly compiling the C++ CPU kernels]
+    """The sidebar's engine setting loads the model with --experts host; on this CPU app the text is the same."""
+    at = generate(inspect_page(), prompt="ROMEO:")
+    assert at.sidebar.radio(key="inspect_experts").value == "device"
+    device_text = at.session_state["inspect_live_run"].text
+    at.sidebar.radio(key="inspect_experts").set_value("host")
+    at = generate(at.run(), prompt="ROMEO:")
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("**checkpoint:default**") and "routed experts in host memory" in m.value
+               for m in at.markdown)
+    assert "status: **stopped at max new tokens (6 tokens)**" in text_of(at)
+    assert at.session_state["inspect_live_run"].text == device_text
+
+
 @pytest.mark.slow  # quantizes the shipped model, then loads and generates from it in the page [10 s]
 def test_an_official_fp8_folder_is_picked_and_generates(tmp_path, monkeypatch):
     """The shipped model converted by `engine quantize` (FP8 / MXFP4 shards), offered by the picker and run."""

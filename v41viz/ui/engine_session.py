@@ -100,8 +100,8 @@ class EngineSlot:
     """One loaded Engine and the turn-taking around it. Generations run one at a time, so each session gets
     exactly the tokens it would get alone; a waiting session learns its place in the queue."""
 
-    def __init__(self, engine, choice: ModelChoice, load_s: float):
-        self.engine, self.choice, self.load_s = engine, choice, load_s
+    def __init__(self, engine, choice: ModelChoice, load_s: float, experts: str = "device"):
+        self.engine, self.choice, self.load_s, self.experts = engine, choice, load_s, experts
         self._lock = threading.Lock()
         self._guard = threading.Lock()
         self._queue: deque[object] = deque()
@@ -146,8 +146,10 @@ class EngineSlot:
             self._lock.release()
 
 
-def load_slot(choice: ModelChoice) -> EngineSlot:
-    """Build the engine (no Streamlit); the app wraps this in st.cache_resource."""
+def load_slot(choice: ModelChoice, experts: str = "device") -> EngineSlot:
+    """Build the engine (no Streamlit); the app wraps this in st.cache_resource. experts: where the routed experts
+    live (Engine.load's experts: "host" keeps them in host memory and runs them on the CPU; the app runs on the CPU,
+    where both placements hold the same memory and compute the same text)."""
     # torch only when a model is loaded: the pages without one stay torch-free
     import torch
 
@@ -159,19 +161,23 @@ def load_slot(choice: ModelChoice) -> EngineSlot:
         from engine.serving import RemoteEngine
         engine = RemoteEngine(choice.service)
     elif choice.checkpoint is None:
-        engine = Engine.load(load_config(choice.config), seed=WEIGHT_SEED)
+        engine = Engine.load(load_config(choice.config), seed=WEIGHT_SEED, experts=experts)
     else:
-        engine = Engine.load(load_config(choice.config), choice.checkpoint)
-    return EngineSlot(engine, choice, time.perf_counter() - t0)
+        engine = Engine.load(load_config(choice.config), choice.checkpoint, experts=experts)
+    return EngineSlot(engine, choice, time.perf_counter() - t0, "device" if choice.service else experts)
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
-def _cached_slot(key: str, config: str, checkpoint: str | None, service: str = "") -> EngineSlot:
-    return load_slot(ModelChoice(key, Path(config), None if checkpoint is None else Path(checkpoint), service))
+def _cached_slot(key: str, config: str, checkpoint: str | None, service: str = "", experts: str = "device"
+                 ) -> EngineSlot:
+    return load_slot(ModelChoice(key, Path(config), None if checkpoint is None else Path(checkpoint), service),
+                     experts)
 
 
-def engine_slot(choice: ModelChoice) -> EngineSlot:
-    """The process-wide slot for a model; the first session to ask loads it behind a timed spinner."""
+def engine_slot(choice: ModelChoice, experts: str = "device") -> EngineSlot:
+    """The process-wide slot for a model (and expert placement); the first session to ask loads it behind a timed
+    spinner. A service's ranks hold their own placement: experts applies to models this process loads."""
     with st.spinner(f"Loading {choice.label}: tokenizer, Engram token map, weights…", show_time=True):
         checkpoint = None if choice.checkpoint is None else str(choice.checkpoint)
-        return _cached_slot(choice.key, str(choice.config), checkpoint, choice.service)
+        return _cached_slot(choice.key, str(choice.config), checkpoint, choice.service,
+                            "device" if choice.service else experts)

@@ -16,6 +16,12 @@ from .page_links import INSPECT_JUMP
 from .page_links import LOADED_RUN as LOADED
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
+EXPERTS, EXPERTS_KEPT = "inspect_experts", "inspect_experts_kept"
+EXPERT_PLACES = {"device": "device", "host": "host memory"}   # Engine.load's experts → the sidebar's words
+EXPERTS_HELP = ("Where the routed experts live. host memory: they stay in host RAM and run on the CPU for the tokens "
+                "routed to them, while attention, the shared expert, the router, the head and the drafter's other "
+                "parts stay on the device (`--experts host`: one GPU + host RAM). This app runs on the CPU, where "
+                "both hold the same memory and generate the same text; the choice loads the model anew.")
 UPLOAD_ERROR = "inspect_upload_error"
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 
@@ -39,14 +45,24 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
                      on_change=lambda: st.session_state.update({MODEL_KEPT: st.session_state[MODEL]}))
         st.caption("Presets of the V4.1 and V4 families small enough for this machine, and every `checkpoints/*/` "
                    f"directory. The engine runs on CPU with torch threads = {engine_session.TORCH_THREADS}.")
-    return choices[st.session_state[MODEL_KEPT]]
+        choice = choices[st.session_state[MODEL_KEPT]]
+        st.session_state[EXPERTS] = st.session_state.setdefault(EXPERTS_KEPT, "device")
+        st.radio("Routed experts", list(EXPERT_PLACES), key=EXPERTS, format_func=EXPERT_PLACES.get, horizontal=True,
+                 disabled=bool(choice.service), help=EXPERTS_HELP,
+                 on_change=lambda: st.session_state.update({EXPERTS_KEPT: st.session_state[EXPERTS]}))
+    return choice
+
+
+def experts_setting() -> str:
+    """The sidebar's expert placement (Engine.load's experts), kept across pages."""
+    return st.session_state.get(EXPERTS_KEPT, "device")
 
 
 def weights_note(slot: engine_session.EngineSlot) -> None:
     a = slot.args
     line = (f"**{slot.choice.key}** · {a.n_layers} layers + {a.n_draft_stages} draft stages · "
             f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {slot.engine.source} · "
-            f"loaded in {slot.load_s:.1f} s")
+            f"loaded in {slot.load_s:.1f} s" + (" · routed experts in host memory" if slot.experts == "host" else ""))
     st.markdown(line)
     if slot.choice.service:
         st.caption(f"Runs in an engine service of {getattr(slot.engine, 'ranks', 1)} torch.distributed rank(s); "
