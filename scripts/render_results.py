@@ -147,7 +147,7 @@ def parallel(r: dict, view: str) -> list[str]:
 
 def plan(r: dict, view: str) -> list[str]:
     """`engine plan --results`: one row per configuration, its per-GPU and host bytes and the verdict, then the
-    checkpoint bytes every row places and the plan's notes."""
+    checkpoint bytes every row places and the plan's notes. View `fits`: the configurations that fit, alone."""
     def gib(n: int) -> str:
         return f"{n / 2**30:,.1f} GiB"
 
@@ -161,13 +161,14 @@ def plan(r: dict, view: str) -> list[str]:
                    row["parallel_degree"], "host RAM" if row["experts"] == "host" else "on the GPUs",
                    context(row["context"]), gib(row["per_gpu_bytes"]), gib(row["host_bytes"]),
                    "whole" if row["engram_fits_in_page_cache"] else "partly",
-                   f"**{row['verdict']}**" if row["fits"] else row["verdict"]] for row in r["rows"]])
+                   f"**{row['verdict']}**" if row["fits"] else row["verdict"]]
+                  for row in r["rows"] if row["fits"] or view != "fits"])
     total = r["settings"]["accounting_checkpoint_bytes"]
     same = all(row["checkpoint_bytes"] == total for row in r["rows"])
     return [*body, "", f"Every row places the whole checkpoint, {total:,} B ({'equal to' if same else 'NOT'} the "
                        f"accounting layer's checkpoint bytes); host RAM counts the routed experts placed there, "
                        f"their CPU buffers, the Engram pages a context touches and the loading staging.",
-            *(f"{note[0].upper()}{note[1:]}." for note in r["notes"])]
+            *(f"{note[0].upper()}{note[1:]}." for note in r["notes"] if view != "fits")]
 
 
 def card(c: dict) -> list[str]:
