@@ -42,7 +42,7 @@ from engine.spec.config import load_config
 from engine.spec.errors import InputError
 from tests.model_helpers import synthetic_token_map, tiny_args
 from tests.official_helpers import DEFAULT, write_tiny_official
-from tests.parallel_cases import forward_cases, teacher_forced_logits
+from tests.parallel_cases import forward_cases, generation_cases, teacher_forced_logits
 from tests.parallel_helpers import CPU, assert_close, assert_same_on_every_rank, run_ranks, torchrun
 
 SPLITS_FOUR_WAYS = {"o_groups": 4, "o_lora_rank": 32}
@@ -84,7 +84,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                      b.view(torch.uint8) if b.itemsize == 1 else b)
 
 
-@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 threads [~10 s on 2 cores]
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 threads [7 s on 2 cores]
 def test_ranks_hold_their_quantized_parts_and_compute_what_one_process_does(official, token_map, single, ranks):
     """Every tensor of a rank is, bit for bit, its Layout.source part of the single-process quantized model's (FP8
     weights with their scale blocks, whole MXFP4 experts, dequantized wo_a rows); the split modules are the
@@ -112,6 +112,17 @@ def test_ranks_hold_their_quantized_parts_and_compute_what_one_process_does(offi
     assert not errors, errors
     assert_same_on_every_rank(results)
     assert_close(forward_cases(single), results[0], 1e-4, f"{ranks} ranks, official checkpoint, fp32")
+
+
+@pytest.mark.slow  # greedy, DSpark and sampled generation on 2 rank threads and in one process [12 s on 2 cores]
+def test_two_ranks_generate_the_tokens_of_one_process(official, token_map, single):
+    """Greedy, DSpark greedy (the drafter's quantized experts split too) and seeded sampling, token for token."""
+    args = load_config(official / "config.json")
+    results, errors = run_ranks(2, lambda world: generation_cases(build_shard(args, world, checkpoint=official,
+                                                                              token_map=token_map)), timeout_s=120)
+    assert not errors, errors
+    assert_same_on_every_rank(results)
+    assert_close(generation_cases(single), results[0], 0, "2 ranks, official checkpoint, generation")
 
 
 def test_a_part_that_splits_fp8_scale_blocks_is_refused():
@@ -163,7 +174,7 @@ def test_bench_times_a_checkpoint_in_the_plain_rows_only(official, capsys):
 
 
 # ---- torchrun launches (the slow stage) ---------------------------------------------------------------------
-@pytest.mark.slow  # torchrun 2 / 4 ranks, and the CLI in process [~15 s / ~20 s on 2 cores; trained: ~15 s]
+@pytest.mark.slow  # torchrun 2 / 4 ranks, and the CLI in process [10 s / 20 s on 2 cores; trained: 13 s]
 @pytest.mark.parametrize("ranks, checkpoint", [(2, "official"), (4, "official"), (2, "trained")])
 def test_torchrun_generate_prints_the_single_process_text(request, tmp_path, capsys, ranks, checkpoint):
     """`torchrun -m engine generate --checkpoint <official folder>`: fp32 greedy text byte for byte, from the
@@ -178,7 +189,7 @@ def test_torchrun_generate_prints_the_single_process_text(request, tmp_path, cap
     assert errs[0].count(f"split over {ranks} ranks") == 1 and all(errs[r] == "" for r in range(1, ranks))
 
 
-@pytest.mark.slow  # torchrun, 2 ranks [~30 s on 2 busy cores]
+@pytest.mark.slow  # torchrun, 2 ranks [8 s on 2 cores]
 def test_torchrun_bench_times_an_official_checkpoint(official, tmp_path):
     run, errs = torchrun(2, ["-m", "engine", "bench", "--checkpoint", str(official), "--prompt-len", "4",
                              "--new-tokens", "3", "--repeats", "1", "--json"], tmp_path)
@@ -187,7 +198,7 @@ def test_torchrun_bench_times_an_official_checkpoint(official, tmp_path):
     assert errs[1] == ""
 
 
-@pytest.mark.slow  # torchrun 2 / 4 ranks in bf16, and the model in one process in bf16 and fp32 [~30 s / ~45 s]
+@pytest.mark.slow  # torchrun 2 / 4 ranks in bf16, and the model in one process in bf16 and fp32 [9 s / 14 s]
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_torchrun_bf16_logits_are_as_close_to_fp32_as_one_process(official, token_map, tmp_path, ranks):
     """The tolerance of the module docstring: a split bf16 run's error against the fp32 model is at most 2x (max)
@@ -218,7 +229,7 @@ def own_shard(folder: Path, names: list[str], shard: str) -> None:
     (folder / INDEX_NAME).write_text(json.dumps(index))
 
 
-@pytest.mark.slow  # torchrun, 2 ranks, one of them failing at load [~25 s on 2 busy cores]
+@pytest.mark.slow  # torchrun, 2 ranks, one of them failing at load [9 s on 2 cores]
 def test_torchrun_a_truncated_shard_ends_every_rank_with_the_same_error(official, tmp_path):
     """A shard only rank 1 reads (two of its experts' weights and scales), cut short: rank 1 refuses its header,
     rank 0 loads its part, and both end with the same error naming rank 1, the shard and its last tensor."""

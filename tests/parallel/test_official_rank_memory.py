@@ -18,7 +18,7 @@ from tests.official_helpers import DEFAULT, engram_heavy_args, write_random_offi
 from tests.official_worker import PROBE_ROWS
 from tests.parallel_helpers import torchrun
 
-# a 374 MiB official checkpoint written once, loaded by 2 and by 4 torchrun ranks [~30 s + ~20 s + ~35 s]
+# a 374 MiB official checkpoint written once, loaded by 2 and by 4 torchrun ranks [2-30 s + 15 s + 21 s on 2 cores]
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS / VmHWM from /proc")]
 
