@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,21 @@ def measure(model_args, world, checkpoint: Path, token_map) -> dict:
     return {"before": before, "after": after, "peak": peak, "share": resident_bytes(model), "load_s": load_s,
             "probe_before": probe_before, "probe_after": probe_after, "probe_rows": PROBE_ROWS * len(tables),
             "rows_asked": sum(asked), "row_sources": sum(isinstance(s, ShardRows) for s in sources),
-            "open_files": sum(isinstance(s, ShardRows) and s._file is not None for s in sources)}
+            **held_files(checkpoint)}
+
+
+def held_files(folder: Path) -> dict[str, int]:
+    """How the process holds the checkpoint's shards now: open file descriptors, and memory-mapped regions."""
+    inside = str(folder.resolve()) + os.sep
+    descriptors = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            descriptors.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:   # the descriptor listdir itself used, closed since
+            pass
+    with open("/proc/self/maps") as f:
+        mapped = [line for line in f if inside in line]
+    return {"open_files": sum(d.startswith(inside) for d in descriptors), "mapped_regions": len(mapped)}
 
 
 def main() -> int:

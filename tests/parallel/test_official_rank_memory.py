@@ -60,11 +60,13 @@ def test_each_rank_holds_its_share_plus_a_bounded_staging(large, tmp_path, ranks
               f"{grew / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB (bound: share x 1.2 + staging = {bound / MIB:.1f} "
               f"MiB); {m['probe_rows']} random Engram rows read: resident set {probe['VmRSS'] / MIB:+.2f} MiB "
               f"(file-backed {probe['RssFile'] / MIB:+.2f}); a generation asked for {m['rows_asked']} rows; "
-              f"{m['open_files']} of {m['row_sources']} row sources hold an open file")
+              f"{m['row_sources']} row sources, {m['open_files']} open shard files, {m['mapped_regions']} mapped")
         assert peak < bound, f"rank {r}"
-        assert m["share"] < sizes["total"] - sizes["engram"]   # a share, not the model (the tables aside)
+        # a share: within 20 % of 1/ranks of what the checkpoint loads (mostly experts, split; the rest replicated)
+        assert m["share"] < 1.2 * (sizes["total"] - sizes["engram"]) / ranks, f"rank {r}"
         # 2 x PROBE_ROWS rows in random places: a memory-mapped reader would keep at least a 4 KiB page per row
         # (32 MiB); positioned reads keep none, only the returned rows (PROBE_ROWS x 32 fp32, dropped) and noise
         assert probe["VmRSS"] < 4 * MIB and probe["RssFile"] < MIB, f"rank {r}"
-        assert m["rows_asked"] > 0 and m["open_files"] == m["row_sources"] == 4
+        # each rank holds one file descriptor per Engram table and scale, and maps nothing of the checkpoint
+        assert m["rows_asked"] > 0 and m["open_files"] == m["row_sources"] == 4 and m["mapped_regions"] == 0
         assert m["probe_rows"] == 2 * PROBE_ROWS
