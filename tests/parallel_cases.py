@@ -57,3 +57,15 @@ def generation_cases(model) -> dict[str, torch.Tensor]:
     return {"greedy": ragged(generate(model, PROMPTS, GenerationRequest.greedy(8)).tokens),
             "dspark": ragged(spec.tokens), "dspark.accepted": torch.tensor([s.accepted for s in spec.steps]),
             "sampled": ragged(generate(model, PROMPTS, GenerationRequest.of(6, temperature=0.9, seed=5)).tokens)}
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model) -> torch.Tensor:
+    """Logits [2, 12, V] (float32) of a fixed prefill of 8 tokens then 4 single-token decode steps, every input
+    given: unlike forward_cases, no step feeds back an argmax, so a run in bf16, whose greedy choices may differ
+    from another run's, is compared with it on the same inputs throughout."""
+    tokens = torch.randint(0, model.args.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(2, 24)
+    out = [model(tokens[:, :8], cache, logits="all").logits]                 # [2, 8, V]
+    out += [model(tokens[:, i:i + 1], cache, logits="all").logits for i in range(8, 12)]
+    return torch.cat(out, 1).float()

@@ -20,6 +20,7 @@ from .header import read_safetensors_header
 from .index import read_weight_map
 from .official_layout import CONFIG_NAME, INDEX_NAME, SINGLE_NAME, official_folder, weight_name
 from .paths import existing
+from .tensor_source import Source
 
 # safetensors dtype code → torch dtype, for every code the official inventory uses
 TORCH_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
@@ -173,11 +174,13 @@ class OfficialCheckpoint:
             raise CheckpointError(f"{self.folder} does not fit the model: " + "; ".join(problems[:12]) + more)
         return found
 
-    def tensors(self, located: dict[str, Located], budget: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, located: dict[str, Located], budget: int | None = None,
+                parts: dict[str, Source] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) for the located tensors, shard by shard. Each tensor is a zero-copy view of the
         memory-mapped shard, valid until the caller drops it; the mapping is dropped and reopened after every
         `budget` bytes (default: twice the largest tensor, at least 16 MiB) so that the pages already read do
-        not pile up in the resident set."""
+        not pile up in the resident set. parts: name → the part of it to read instead (Source.read: a copy of
+        only those rows or columns)."""
         budget = budget or max(REOPEN_FLOOR, 2 * max((loc.spec.nbytes for loc in located.values()), default=0))
         by_shard: dict[Path, list[str]] = {}
         for name, loc in located.items():
@@ -189,7 +192,7 @@ class OfficialCheckpoint:
                 with safe_open(str(shard), framework="pt") as f:
                     read = 0
                     while name is not None and read < budget:
-                        yield name, f.get_tensor(name)
+                        yield name, f.get_tensor(name) if parts is None else parts[name].read(f)
                         read += located[name].spec.nbytes
                         name = next(pending, None)
 

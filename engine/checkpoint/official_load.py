@@ -2,6 +2,7 @@
 ones dequantized where the model keeps them in float, host-resident tables attached as RowSources."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from .finite import check_finite, check_scale_range
 from .official import FLOAT_TARGETS, TORCH_DTYPES, Located, OfficialCheckpoint
 from .official_layout import CONFIG_NAME, QUANTIZED_CODES, scale_block, scale_name, weight_name
 from .table_range import check_table_range
+from .tensor_source import Source
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -32,9 +34,6 @@ class LoadPlan:
     stored: list[str]
     dequantized: set[str]
     host: dict[str, list[str]]
-
-    def needed(self) -> list[str]:
-        return [*self.stored, *(scale_name(n) for n in self.dequantized), *(n for ns in self.host.values() for n in ns)]
 
 
 def plan_load(model: nn.Module, args: ModelArgs) -> LoadPlan:
@@ -53,35 +52,62 @@ def plan_load(model: nn.Module, args: ModelArgs) -> LoadPlan:
 def load_official(model: nn.Module, path: str | Path, *, args: ModelArgs | None = None,
                   plan: LoadPlan | None = None) -> dict[str, str]:
     """Fill `model` (default config: model.args) from the official-format checkpoint at `path` by name, reading
-    only the tensors the model holds (engine.quant.apply describes the quantized model's side):
+    only the tensors the model holds (fill_official says how). Returns the checkpoint's metadata."""
+    ckpt = OfficialCheckpoint(path)
+    args = args or model.args
+    fill_official(model, ckpt, plan or plan_load(model, args), args)
+    return ckpt.metadata()
+
+
+def fill_official(model: nn.Module, ckpt: OfficialCheckpoint, plan: LoadPlan, args: ModelArgs,
+                  source: Callable[[str], Source] = Source) -> None:
+    """Fill `model` from `ckpt` as `plan` (plan_load of the whole model) says; engine.quant.apply describes the
+    quantized model's side:
     * a tensor held in its stored dtype (a quantized linear's FP8 / packed-FP4 weight and E8M0 scale) is copied
       bit for bit; BF16 / F32 ones land in any float dtype;
     * a float tensor whose stored form is FP8 or FP4 gets the dequantized weight: `wo_a` (spec §2.4), or every
       weight of an unquantized reference model (the dequantized run the tests compare with);
     * every module with `host_resident = True` gets its tensors as RowSources: `module.attach(weight=…, scale=…)`.
+    source(name): the stored tensor, and the part of it, that the model's tensor `name` holds: by default all of
+    the tensor of that name; for a rank of engine.parallel its Layout.source, so that the rank reads only its
+    rows, columns and experts (get_slice). A dequantized part reads the whole scale blocks around it.
     Every tensor's name, dtype and shape is checked (OfficialCheckpoint.locate) before anything is modified. The
     values are checked as they are copied, in the one pass that reads them (finite.py: NaN / Inf, NaN codes, scales
     that overflow their block, a dequantized weight after dequantization; table_range.py: hash-routing expert ids):
     a damaged tensor stops the load with CheckpointError and leaves the model partly filled (load_official_model
-    discards it). Host-resident rows are checked as they are read (ShardRows). Returns the metadata."""
-    ckpt = OfficialCheckpoint(path)
-    args = args or model.args
-    plan = plan or plan_load(model, args)
+    discards it). Host-resident rows are checked as they are read (ShardRows)."""
     inventory = {t.name: t for t in inventory_tuple(args)}
-    located = ckpt.locate(plan.needed(), inventory)
     state = model.state_dict()
+    host = tuple(prefix + "." for prefix in plan.host)
+    reads: dict[str, tuple[str, Source, Source]] = {}   # stored name → (model name, part held, part read)
+    scales: dict[str, Source] = {}                       # a dequantized part's scale blocks, by scale name
+    for name in state:
+        if name.startswith(host):
+            continue
+        held = source(name)
+        read = held
+        if held.name in plan.dequantized:
+            spec = inventory[held.name]
+            block = scale_block(held.name, spec.dtype, args)[held.dim or 0]
+            read = held.whole_blocks(block, spec.shape[held.dim or 0])
+            scales[scale_name(held.name)] = read.blocks(scale_name(held.name), block)
+        reads[held.name] = (name, held, read)
+    located = ckpt.locate([*reads, *scales, *(n for ns in plan.host.values() for n in ns)], inventory)
     with torch.no_grad():
-        scale_spans = {scale_name(n): located[scale_name(n)] for n in plan.dequantized}
-        scales = {n: t.clone() for n, t in ckpt.tensors(scale_spans)}
-        for name, stored in ckpt.tensors({n: located[n] for n in plan.stored}):
-            if name in plan.dequantized:
-                stored = _dequantize(name, stored, scales.pop(scale_name(name)), located[name].spec, args)
-            _check_values(name, stored, located, state)
+        scale_parts = {n: t.clone() for n, t in ckpt.tensors({n: located[n] for n in scales}, parts=scales)}
+        wanted = {n: located[n] for n in reads}
+        for stored_name, stored in ckpt.tensors(wanted, parts={n: read for n, (_, _, read) in reads.items()}):
+            name, held, read = reads[stored_name]
+            if stored_name in plan.dequantized:
+                stored = _dequantize(stored_name, stored, scale_parts.pop(scale_name(stored_name)),
+                                     located[stored_name].spec, args)
+                if held.dim is not None:   # the part held, out of its whole blocks
+                    stored = stored.narrow(held.dim, held.start - read.start, held.stop - held.start)
+            _check_values(stored_name, stored, located, state)
             state[name].copy_(stored)
             del stored  # drop the view so that the mapping's pages can go
     for prefix, names in plan.host.items():
         model.get_submodule(prefix).attach(**{n.rpartition(".")[2]: ckpt.row_source(located[n]) for n in names})
-    return ckpt.metadata()
 
 
 def load_official_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,

@@ -11,11 +11,16 @@ from ..spec.presets import resolve_config
 from .arg_checks import check_at_least, check_at_most, check_device, check_seed, check_threads
 from .run_args import DTYPES, add_experts_argument, apply_threads, check_experts
 
-HELP = "measure prefill and decode tokens/s and the trace overhead (random-init weights)"
+HELP = "measure prefill and decode tokens/s and the trace overhead (random-init or checkpoint weights)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="tiny-v4.1", help="config.json path or preset name (default tiny-v4.1)")
+    parser.add_argument("--config", help="config.json path or preset name (default: the config beside --checkpoint, "
+                                          "else tiny-v4.1)")
+    parser.add_argument("--checkpoint",
+                        help="time this checkpoint's weights instead of random init: the project's safetensors or an "
+                             "official FP8/FP4 folder, kept quantized (under torchrun each rank reads only its shard); "
+                             "the plain rows only")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -63,6 +68,8 @@ def bench(args: argparse.Namespace) -> int:
     from ..bench.cpu import compiled_decode_rates, compiled_rate_lines, run_bench
     from ..bench.dspark import run_dspark_bench
     from ..bench.gpu import graph_decode_rates, graph_rate_lines, run_gpu_bench
+    from ..checkpoint.store import config_beside
+    from ..generation import Engine
     from ..kernels.runtime import unavailable_reason
     from ..model import EngineOptions
     from ..parallel import launched_size
@@ -74,6 +81,14 @@ def bench(args: argparse.Namespace) -> int:
     if launched_size() > 1 and (getattr(args, "gpu", False) or getattr(args, "cuda_graphs", False)):
         raise InputError("--gpu and --cuda-graphs measure one process; under torchrun, bench measures the plain "
                          "(and --dspark) rows")
+    checkpoint = getattr(args, "checkpoint", None)
+    extra_rows = [flag for flag, on in (("--gpu", "gpu"), ("--cuda-graphs", "cuda_graphs"), ("--compile", "compile"),
+                                        ("--dspark", "dspark")) if getattr(args, on, False)]
+    if checkpoint and extra_rows:
+        raise InputError(f"--checkpoint times the plain rows; {', '.join(extra_rows)} build random-init models of "
+                         "their own: run them without --checkpoint")
+    if not args.config:
+        args.config = str(config_beside(checkpoint)) if checkpoint else "tiny-v4.1"
     check_arguments(args, resolve_config(args.config))
     experts = getattr(args, "experts", "device")
     check_experts(experts, getattr(args, "cuda_graphs", False) or getattr(args, "compile", False))
@@ -88,9 +103,13 @@ def bench(args: argparse.Namespace) -> int:
             raise InputError(f"--gpu on {args.device}: {reason}")
     recorder = ResultsRecorder(getattr(args, "results", None), "engine_bench", "-m engine")   # command: sys.argv's
     dtype = getattr(torch, args.dtype)
+    model = None
+    if checkpoint:
+        model = Engine.load(resolve_config(args.config), checkpoint, device=args.device, dtype=dtype,
+                            options=options).model
     result = run_bench(resolve_config(args.config), batch=args.batch, prompt_len=args.prompt_len,
                        new_tokens=args.new_tokens, repeats=args.repeats, seed=args.seed, device=args.device,
-                       dtype=dtype, options=options)
+                       dtype=dtype, options=options, model=model)
     gpu = None
     if getattr(args, "gpu", False):
         kernel_args = resolve_config(args.kernel_config) if args.kernel_config else None

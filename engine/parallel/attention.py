@@ -20,11 +20,13 @@ def shard_attention(attn: Attention, heads: slice, groups: slice, group, label: 
     cannot be split by heads), the compressor (one latent per KV source) and the indexer (its own small heads;
     every rank must pick the same compressed rows, and its scores summed over ranks would cost an all-reduce
     of [B, S, rows] per layer). So every cache (window ring, compressed KV, index keys, pending groups) is the
-    same on every rank: replicated, not split, and rolled back alike because every rank takes the same steps."""
+    same on every rank: replicated, not split, and rolled back alike because every rank takes the same steps.
+    In a quantized model wq_b and wo_b are FP8Linears: each keeps the scale blocks of its part
+    (engine.parallel.layers.slice_weight); wo_a is dequantized at load, a plain Linear."""
     head_dim, o_rank = attn.head_dim, attn.o_rank
-    ColumnParallelLinear.adopt(attn.wq_b, slice(heads.start * head_dim, heads.stop * head_dim))
+    ColumnParallelLinear.adopt(attn.wq_b, slice(heads.start * head_dim, heads.stop * head_dim), f"{label}.wq_b")
     attn.attn_sink = sliced(attn.attn_sink, 0, heads)
-    ColumnParallelLinear.adopt(attn.wo_a, slice(groups.start * o_rank, groups.stop * o_rank))
+    ColumnParallelLinear.adopt(attn.wo_a, slice(groups.start * o_rank, groups.stop * o_rank), f"{label}.wo_a")
     RowParallelLinear.adopt(attn.wo_b, slice(groups.start * o_rank, groups.stop * o_rank), group,
                             f"{label}.wo_b")
     attn.heads_total = attn.n_heads

@@ -40,6 +40,17 @@ def broadcast_json(value: Any, group, what: str, device: torch.device | str = "c
     return json.loads(bytes(buf.cpu().tolist()).decode())
 
 
+def all_gather_text(text: str, group, what: str, device: torch.device | str = "cpu") -> list[str]:
+    """Every rank's text (UTF-8, any length), in rank order, on every rank: the lengths first, then the bytes
+    padded to the longest. Never pickled."""
+    data = text.encode()
+    sizes = all_gather_cat(torch.tensor([len(data)], dtype=torch.long, device=device), group, what).tolist()
+    buf = torch.zeros(max(1, *sizes), dtype=torch.uint8, device=device)   # one byte at least: no empty collective
+    buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    gathered = all_gather_cat(buf, group, what).view(len(sizes), -1).cpu()      # [ranks, longest]
+    return [bytes(row[:n].tolist()).decode() for row, n in zip(gathered, sizes)]
+
+
 @contextmanager
 def _reported(op: str, group, what: str):
     """Turns the backend's error of one collective into a DistributedError naming rank, op, module and timeout."""

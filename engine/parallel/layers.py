@@ -1,4 +1,4 @@
-"""Tensor-parallel layers: column- and row-parallel linears, the vocabulary-parallel embedding and head."""
+"""Tensor-parallel layers: column- and row-parallel linears (plain or FP8), the vocabulary-parallel embedding, head."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +7,7 @@ from torch import nn
 
 from ..model.linear import Linear
 from ..model.transformer import Transformer
+from ..quant.modules import FP8Linear, QuantizedLinear
 from ..spec.errors import InputError
 from .comm import all_gather_cat, all_reduce_sum
 
@@ -17,15 +18,34 @@ def sliced(param: nn.Parameter, dim: int, part: slice) -> nn.Parameter:
                         requires_grad=param.requires_grad)
 
 
+def slice_weight(linear: Linear, dim: int, part: slice, label: str) -> None:
+    """Keep rows (dim 0) or columns (dim 1) [part] of `linear`'s weight. An FP8 weight keeps the rows or columns
+    of its E8M0 scale that cover them: one scale per [b0, b1] block, so the part must fill whole blocks (its
+    start on a block boundary, its end too or at the weight's edge), else each rank would need the blocks it
+    shares with its neighbours."""
+    if isinstance(linear, QuantizedLinear):
+        if not isinstance(linear, FP8Linear):
+            raise InputError(f"{label}: a {type(linear).__name__} weight is not split between ranks (only FP8 "
+                             "linears are; routed experts go whole to one rank)")
+        block, length = linear.block[dim], linear.weight.size(dim)
+        if part.start % block or (part.stop % block and part.stop != length):
+            what = "rows" if dim == 0 else "columns"
+            raise InputError(f"{label}: this rank's {what} {part.start}..{part.stop} of the FP8 weight "
+                             f"{list(linear.weight.shape)} do not fill whole {list(linear.block)} scale blocks; "
+                             f"choose a number of ranks that splits its {length} {what} into multiples of {block}")
+        linear.scale = sliced(linear.scale, dim, slice(part.start // block, -(-part.stop // block)))
+    linear.weight = sliced(linear.weight, dim, part)
+
+
 class ColumnParallelLinear(Linear):
     """A Linear that holds this rank's block of output rows: it computes this rank's slice of the features
     (its heads, its output groups) from the full input. No communication."""
 
     @classmethod
-    def adopt(cls, linear: Linear, rows: slice) -> "ColumnParallelLinear":
-        linear.weight = sliced(linear.weight, 0, rows)
+    def adopt(cls, linear: Linear, rows: slice, label: str = "linear") -> "ColumnParallelLinear":
+        slice_weight(linear, 0, rows, label)
         linear.out_features = rows.stop - rows.start
-        linear.__class__ = cls
+        linear.__class__ = ColumnParallelFP8Linear if isinstance(linear, FP8Linear) else cls
         return linear
 
     def extra_repr(self) -> str:
@@ -43,10 +63,10 @@ class RowParallelLinear(Linear):
         if linear.act_quant and linear.quantized and (cols.stop - cols.start) % 32:
             raise InputError(f"{label}: {cols.stop - cols.start} input features per rank do not fill whole FP8 "
                              "activation blocks of 32, so the ranks would quantize differently from one process")
-        linear.weight = sliced(linear.weight, 1, cols)
+        slice_weight(linear, 1, cols, label)
         linear.in_features = cols.stop - cols.start
         linear.group, linear.label = group, label
-        linear.__class__ = cls
+        linear.__class__ = RowParallelFP8Linear if isinstance(linear, FP8Linear) else cls
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +74,15 @@ class RowParallelLinear(Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", row-parallel (all-reduce)"
+
+
+class ColumnParallelFP8Linear(ColumnParallelLinear, FP8Linear):
+    """An FP8Linear over this rank's rows and their scale blocks: FP8Linear's forward (dequantized per call)."""
+
+
+class RowParallelFP8Linear(RowParallelLinear, FP8Linear):
+    """An FP8Linear over this rank's columns and their scale blocks; its partial products summed by one
+    all-reduce (RowParallelLinear.forward around FP8Linear's)."""
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..checkpoint.official_layout import scale_name, weight_name
+from ..checkpoint.tensor_source import Source
 from ..model.block import Block
 from ..model.moe import MoE
 from ..model.transformer import Transformer
@@ -12,21 +14,11 @@ from ..spec.errors import InputError
 from ..spec.parallel_degree import check_parallel_degree
 from ..speedups.fast_head import FastTransformer
 from .attention import shard_attention
-from .experts import ExpertParallelMoE
+from .experts import expert_parallel
 from .layers import VocabParallelEmbedding, VocabParallelTransformer, sliced
 from .world import World
 
 EXPERT = re.compile(r"^((?:layers|mtp)\.\d+\.ffn\.experts\.)(\d+)(\..+)$")
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a tensor of a rank's shard comes from: the full model's tensor `name` (the checkpoint's name),
-    rows or columns [start, stop) along `dim` of it, or all of it (dim None)."""
-    name: str
-    dim: int | None = None
-    start: int = 0
-    stop: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,8 +64,13 @@ class Layout:
         return self.block(self.args.draft_n_routed_experts if draft else self.args.n_routed_experts)
 
     def source(self, name: str) -> Source:
-        """The full tensor and the part of it that this rank's tensor `name` holds."""
+        """The full tensor and the part of it that this rank's tensor `name` holds. The E8M0 scale of a quantized
+        weight (an official checkpoint's `X.scale`) holds the blocks of rows or columns that cover its weight's
+        part (the parallel transforms refuse a part that does not fill whole blocks)."""
         a = self.args
+        if name.endswith(".scale"):
+            part = self.source(weight_name(name))
+            return part.blocks(scale_name(part.name), a.weight_block_size[part.dim or 0])
         if name in ("embed.weight", "head.weight"):
             return Source(name, 0, self.vocab.start, self.vocab.stop)
         if name.endswith(".attn.wq_b.weight"):
@@ -110,7 +107,7 @@ def shard_model(model: Transformer, world: World) -> Transformer:
         draft = block.path.startswith("mtp.")
         shard_attention(block.attn, layout.heads, layout.groups, world.group, f"{block.path}.attn")
         if isinstance(block.ffn, MoE):
-            ExpertParallelMoE.adopt(block.ffn, layout.experts(draft), world.group, f"{block.path}.ffn")
+            expert_parallel(block.ffn, layout.experts(draft), world.group, f"{block.path}.ffn")
     model.embed = VocabParallelEmbedding(model.embed, layout.vocab, world.group)
     model.head.weight = sliced(model.head.weight, 0, layout.vocab)
     model.head.out_features = layout.vocab.stop - layout.vocab.start

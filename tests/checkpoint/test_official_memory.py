@@ -10,34 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from engine.accounting.inventory import TensorSpec, inventory_tuple
-from engine.checkpoint.official_layout import (
-    ENGRAM_TABLE_SUFFIX,
-    INDEX_NAME,
-    official_args,
-    official_config,
-    scale_name,
-    shard_name,
-)
-from engine.checkpoint.official_writer import encode
+from engine.checkpoint.official_layout import ENGRAM_TABLE_SUFFIX, official_args
 from engine.model import Transformer, init_weights
-from engine.spec.config import ModelArgs, load_config
-from engine.spec.engram_layout import EngramLayout
+from engine.spec.config import load_config
 from engine.text.vocab import ID_MAP_NAME
+from tests.official_helpers import DEFAULT, engram_heavy_args, write_random_official
 
 # a 257 MiB and a 1 GiB official checkpoint loaded and run in fresh processes, RSS measured [11 s + 35 s]
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = ROOT / "checkpoints" / "default"
 MIB, GIB = 2 ** 20, 2 ** 30
-DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
-          "BF16": torch.bfloat16, "F32": torch.float32}
-E4M3_MODEST = 0xBF      # clears the exponent's top bit: |code| <= 1.875, never the NaN codes 0x7F / 0xFF
-E8M0_MODEST = (123, 128)  # row scales 2^-4 .. 2^0
 
 MEASURE = """
 import json, sys
@@ -62,74 +46,6 @@ after, peak = status("VmRSS"), max(status("VmHWM"), status("VmRSS"))
 held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()] if not t.is_meta)
 print(json.dumps({"before": before, "after": after, "peak": peak, "model_bytes": held}))
 """
-
-
-def write_random_official(folder: Path, n_shards: int, args: ModelArgs | None = None,
-                          values: dict[str, torch.Tensor] | None = None) -> dict[str, int]:
-    """The official layout of `args` (default: the default checkpoint's architecture widened to 96 routed
-    experts of width 1024, ~260 MiB) in `n_shards` shards: a real loader input without a writer run.
-    Without `values`, random bytes in every tensor, each value's exponent kept finite (the loader refuses NaN / Inf
-    weights); with them (float tensors by name, e.g. an initialised
-    model's state dict) each tensor is encoded as `engine quantize` does, and the Engram tables, absent from
-    `values`, get valid random codes (valid_engram_table): a checkpoint that generates finite logits."""
-    args = args or official_args(load_config(DEFAULT / "config.json")).replace(n_routed_experts=96, moe_inter_dim=1024)
-    inventory = inventory_tuple(args)
-    total = sum(spec.nbytes for spec in inventory)
-    gen = torch.Generator().manual_seed(0)
-    weight_map, part, made, filled, shard = {}, {}, {}, 0, 0
-    for i, spec in enumerate(inventory):
-        if spec.name not in made:   # a weight's scale is made with it
-            made.update(stored_tensors(spec, args, values, gen))
-        part[spec.name] = made.pop(spec.name)
-        filled += spec.nbytes
-        last = i + 1 == len(inventory)
-        next_is_weight = not last and not inventory[i + 1].is_scale   # a scale stays with its weight
-        if last or (next_is_weight and filled >= total * (shard + 1) / n_shards):
-            name = shard_name(shard, n_shards)
-            save_file(part, str(folder / name))
-            weight_map.update(dict.fromkeys(part, name))
-            part, shard = {}, shard + 1
-    assert shard == n_shards and not made
-    (folder / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps(official_config(args)))
-    host = [s for s in inventory if ".engram.embed." in s.name]   # memory-mapped, never loaded whole
-    return {"total": total, "largest": max(s.nbytes for s in inventory if s not in host),
-            "engram": sum(s.nbytes for s in host)}
-
-
-def stored_tensors(spec: TensorSpec, args: ModelArgs, values: dict[str, torch.Tensor] | None,
-                   gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The stored tensor(s) for one inventory entry: {name: tensor}, plus `.scale` for a quantized weight."""
-    if values is None:
-        raw = torch.randint(0, 256, (spec.nbytes,), dtype=torch.uint8, generator=gen)
-        raw.view(-1, DTYPES[spec.dtype].itemsize)[:, -1] &= E4M3_MODEST   # top exponent bit of each value cleared
-        return {spec.name: raw.view(DTYPES[spec.dtype]).reshape(spec.shape)}
-    if spec.name.endswith(ENGRAM_TABLE_SUFFIX):
-        return valid_engram_table(spec, args, gen)
-    return encode(spec, values[spec.name], args)
-
-
-def valid_engram_table(spec: TensorSpec, args: ModelArgs, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """An Engram table [rows, head_dim] of random FP8 codes of modest magnitude and its E8M0 row scales
-    [rows, head_dim/32] near 2^-4..2^0: valid values at memory speed (quantizing a float table of over 1 GiB
-    of rows would take minutes and four times the memory)."""
-    codes = torch.randint(0, 256, spec.shape, dtype=torch.uint8, generator=gen)
-    codes &= E4M3_MODEST
-    rows, head_dim = spec.shape
-    scale = torch.randint(*E8M0_MODEST, (rows, -(-head_dim // 32)), dtype=torch.uint8, generator=gen)
-    return {spec.name: codes.view(torch.float8_e4m3fn), scale_name(spec.name): scale.view(torch.float8_e8m0fnu)}
-
-
-def engram_heavy_args(table_bytes: int) -> ModelArgs:
-    """The default checkpoint's architecture in the official layout with engram_vocab_size raised so that its
-    Engram tables (FP8 rows + E8M0 scales, all layers) hold at least `table_bytes`; nothing else changes."""
-    base = official_args(load_config(DEFAULT / "config.json"))
-    row_bytes = base.engram_head_dim + -(-base.engram_head_dim // 32)
-    rows_per_column = -(-table_bytes // (row_bytes * len(base.engram_layer_ids) * base.engram_n_columns))
-    layout = EngramLayout(base.engram_layer_ids, rows_per_column, base.engram_max_ngram_size, base.engram_n_heads,
-                          base.engram_compressed_vocab_size)
-    return base.replace(engram_vocab_size=rows_per_column,
-                        engram_num_embeddings=tuple(sum(sizes) for sizes in layout.table_sizes()))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS / VmHWM from /proc")

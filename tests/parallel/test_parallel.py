@@ -11,18 +11,11 @@ replicated caches included, are bit-identical to each other (an all-reduce gives
 from __future__ import annotations
 
 import copy
-import glob
 import json
-import subprocess
-import sys
-import threading
 import time
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from engine.checkpoint.store import save_checkpoint
 from engine.parallel import DistributedError, Layout, Source, World, build_shard, shard_model
@@ -33,51 +26,7 @@ from engine.spec.errors import InputError
 from engine.spec.presets import resolve_config
 from tests.model_helpers import synthetic_token_map, tiny_args, tiny_model
 from tests.parallel_cases import forward_cases, generation_cases
-
-ROOT = Path(__file__).resolve().parents[2]
-CPU = torch.device("cpu")
-
-
-def run_ranks(n: int, work, timeout_s: float = 60.0) -> tuple[dict, dict]:
-    """work(world) on n threads, each rank r of one gloo group: (results by rank, exceptions by rank)."""
-    store = dist.HashStore()
-    results, errors = {}, {}
-
-    def rank_main(r: int) -> None:
-        try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("ranks", store), r, n, timedelta(seconds=timeout_s))
-            results[r] = work(World(r, n, CPU, group, timeout_s))
-        except BaseException as e:  # noqa: BLE001 - reported to the test
-            errors[r] = e
-
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 30)
-    assert not any(t.is_alive() for t in threads), "a rank thread hung past the group's timeout"
-    return results, errors
-
-
-def assert_close(want: dict, got: dict, tol: float, where: str) -> None:
-    """Equal names, shapes and dtypes; floats within tol (trace columns, stored in float32 whatever the model's
-    dtype, within 1e-6 at least), everything else exactly."""
-    assert sorted(want) == sorted(got), where
-    for name, w in want.items():
-        g = got[name]
-        assert g.shape == w.shape and g.dtype == w.dtype, f"{where}: {name} {g.shape} {g.dtype} vs {w.shape} {w.dtype}"
-        if w.dtype.is_floating_point and w.numel():
-            limit = max(tol, 1e-6) if name.startswith("trace.") else tol
-            diff = (g.double() - w.double()).abs().max().item()
-            assert diff <= limit, f"{where}: {name} differs by {diff:.3g} (tolerance {limit:g})"
-        else:
-            assert torch.equal(g, w), f"{where}: {name} differs: {g.tolist()} vs {w.tolist()}"
-
-
-def assert_same_on_every_rank(results: dict) -> None:
-    for r in range(1, len(results)):
-        for name, value in results[0].items():
-            assert torch.equal(value, results[r][name]), f"rank {r}'s {name} differs from rank 0's"
+from tests.parallel_helpers import CPU, assert_close, assert_same_on_every_rank, run_ranks, torchrun
 
 
 # ---- the layout ---------------------------------------------------------------------------------------------
@@ -91,6 +40,11 @@ def test_layout_of_v41_flash_at_eight_ranks():
     assert lay.source("mtp.1.ffn.experts.0.w2.weight").name == "mtp.1.ffn.experts.48.w2.weight"
     assert lay.source("layers.0.attn.wq_b.weight") == Source("layers.0.attn.wq_b.weight", 0, 24 * 512, 32 * 512)
     assert lay.source("layers.0.attn.wo_b.weight") == Source("layers.0.attn.wo_b.weight", 1, 3 * 1024, 4 * 1024)
+    # an FP8 weight's E8M0 scale (official checkpoints): the [32, 32] blocks over the weight's part
+    assert a.weight_block_size == (32, 32)
+    assert lay.source("layers.0.attn.wo_b.scale") == Source("layers.0.attn.wo_b.scale", 1, 3 * 32, 4 * 32)
+    assert lay.source("mtp.0.attn.wq_b.scale") == Source("mtp.0.attn.wq_b.scale", 0, 24 * 16, 32 * 16)
+    assert lay.source("layers.5.ffn.experts.2.w1.scale") == Source("layers.5.ffn.experts.146.w1.scale")
     for whole in ("layers.0.attn.indexer.wq_b.weight", "layers.0.attn.wkv.weight", "layers.0.ffn.gate.weight",
                   "layers.0.ffn.shared_experts.w1.weight", "layers.1.engram.embed.weight",
                   "mtp.2.markov_head.embed.weight", "layers.3.hc_attn_fn"):
@@ -132,15 +86,18 @@ def test_a_shard_holds_exactly_its_parts_of_the_full_model():
 def test_a_shard_reads_its_slices_of_a_checkpoint(tmp_path):
     a, model = tiny_args(), tiny_model(torch.float32)
     save_checkpoint(model, tmp_path / "ckpt")
-    for rank in range(2):
-        world = World(rank, 2, CPU, group=None)
+
+    def work(world):
         loaded = build_shard(a, world, checkpoint=tmp_path / "ckpt", token_map=synthetic_token_map(a))
-        made = shard_model(copy.deepcopy(model), world)
+        made = shard_model(copy.deepcopy(model), World(world.rank, 2, CPU, group=None))
         want, got = made.state_dict(), loaded.state_dict()
         assert sorted(got) == sorted(want)
-        assert all(torch.equal(got[n], want[n]) for n in want), f"rank {rank}: loaded shard differs from random init's"
+        assert all(torch.equal(got[n], want[n]) for n in want), f"rank {world.rank}: loaded shard differs"
         freqs = [(m.freqs, f.freqs) for m, f in zip(loaded.modules(), made.modules()) if hasattr(m, "freqs")]
         assert freqs and all(torch.equal(x, y) for x, y in freqs)           # rebuilt after the meta-device build
+
+    results, errors = run_ranks(2, work)
+    assert not errors and len(results) == 2, errors
 
 
 def test_a_shard_built_under_inference_mode_has_ordinary_parameters(tmp_path):
@@ -148,17 +105,15 @@ def test_a_shard_built_under_inference_mode_has_ordinary_parameters(tmp_path):
     they would be inference tensors, whose missing version counter the speed paths' derived weights read."""
     a = tiny_args()
     save_checkpoint(tiny_model(torch.float32), tmp_path / "ckpt")
-    with torch.inference_mode():
-        for shard in (build_shard(a, World(1, 2, CPU, group=None), checkpoint=tmp_path / "ckpt",
-                                  token_map=synthetic_token_map(a)),
-                      build_shard(a, World(1, 2, CPU, group=None), token_map=synthetic_token_map(a), seed=0)):
-            assert not any(t.is_inference() for t in [*shard.parameters(), *shard.buffers()])
 
+    def work(world):
+        with torch.inference_mode():
+            for shard in (build_shard(a, world, checkpoint=tmp_path / "ckpt", token_map=synthetic_token_map(a)),
+                          build_shard(a, world, token_map=synthetic_token_map(a), seed=0)):
+                assert not any(t.is_inference() for t in [*shard.parameters(), *shard.buffers()])
 
-def test_official_checkpoints_load_in_one_process_for_now(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
-    with pytest.raises(InputError, match="official-format .* load in one process for now"):
-        build_shard(tiny_args(), World(0, 2, CPU, group=None), checkpoint=tmp_path)
+    _, errors = run_ranks(2, work)
+    assert not errors, errors
 
 
 # ---- two ranks against one process ----------------------------------------------------------------------------
@@ -225,23 +180,6 @@ def test_communication_volume_per_decode_token_of_v41_flash():
 
 
 # ---- torchrun launches (the slow stage) ---------------------------------------------------------------------
-def torchrun(n: int, argv: list[str], tmp_path: Path, timeout_s: float = 240, env: dict | None = None):
-    """`torchrun --standalone --nproc-per-node n argv…`; returns (completed process, {rank: its stderr})."""
-    logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           "--log-dir", str(logs), "--redirects", "2", *argv]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                         env={**_env(), **(env or {})}, check=False)
-    errs = {int(Path(p).parent.name): Path(p).read_text() for p in glob.glob(str(logs / "**" / "stderr.log"),
-                                                                            recursive=True)}
-    return run, errs
-
-
-def _env() -> dict:
-    import os
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-
 @pytest.mark.slow  # torchrun, 2 ranks, and the CLI in process [34 s at load average 9]
 def test_torchrun_generate_prints_the_single_process_text(tmp_path, capsys):
     from engine.cli import main
