@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="an official-format folder (e.g. from `engine quantize`)")
     p.add_argument("--route", choices=("plain", "torchrun", "host-experts"), required=True)
     p.add_argument("--device", default=None, help="cuda when there is one, else cpu (default)")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="float32",
+                   help="float32 (default): every route must give the same greedy text; in bfloat16 a split run "
+                        "rounds elsewhere and may not")
     p.add_argument("--prompt", default="Now is the winter of our discontent")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
