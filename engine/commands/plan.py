@@ -198,7 +198,8 @@ def render(plan: MemoryPlan, accounting_bytes: int) -> list[str]:
     experts = (f"routed experts {size(plan.experts_on_host)} + expert buffers {size(sum(plan.host_working.values()))}"
                f" + " if plan.experts_on_host else "")
     lines.append(f"  {'host':<12} {plan.host.text} ({experts}Engram pages touched ≤ {size(plan.engram_touched)} + "
-                 f"loading staging {size(plan.staging)}; {size(plan.engram_mapped)} of Engram tables mapped)")
+                 f"loading staging {size(plan.staging)}; {size(plan.engram_mapped)} of Engram tables read from the "
+                 "shards by row)")
     lines += ["", "Notes", *[f"  - {note}" for note in plan.notes], "", plan.summary()]
     return lines
 
