@@ -13,7 +13,7 @@ from tests.kernel_helpers import DEVICE, DOT_DTYPES, MODES, NATIVE, TOL, assert_
 
 def _moe(dim, inter, E, k, *, dtype, seed, limit=10.0):
     args = SimpleNamespace(dim=dim, moe_inter_dim=inter, swiglu_limit=limit, route_scale=1.5, gate_temp=1.0,
-                           norm_topk_prob=True, family="v4.1")
+                           norm_topk_prob=True, family="v4.1", vision_enabled=False)
     m = FastMoE.adopt(MoE(args, E, k, dtype=dtype).to(DEVICE).requires_grad_(False))  # for its weight stacks
     for i, p in enumerate(m.parameters()):
         if p.dim() == 2:
