@@ -3,17 +3,26 @@
 torch.utils.cpp_extension.load compiles a source once per machine and source text (a C++ compiler and ninja are
 needed; about 20 s) into torch's extension cache, and later processes only load it (a fraction of a second).
 scripts/setup.sh builds every kernel, so that no first forward waits for the compiler. Where a build fails the
-engine keeps the kernel's Python path and says why once. V41VIZ_CPU_KERNELS=0 turns every kernel off."""
+engine keeps the kernel's Python path and says why once. V41VIZ_CPU_KERNELS=0 turns every kernel off.
+
+Each source text builds in its own folder of the cache (NAME-<sha256 of the source>), so two checkouts or versions
+never rebuild over each other. torch's builder holds a `lock` file while it compiles and a process that finds one
+waits until it goes; a build killed half-way (Ctrl-C, a timeout) leaves it behind, and every later process would
+wait forever. A lock older than STALE_LOCK_S, many times a build's length, is such a leftover: it is removed, with a
+warning that names it."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 FLAGS = ["-O2", "-ffp-contract=off"]   # no fused multiply-adds: the Python paths round every product
+STALE_LOCK_S = 600                     # a build takes about 20 s (a minute on a loaded 2-core machine)
 
 
 def disabled() -> bool:
@@ -43,7 +52,11 @@ class CpuKernel:
             # cpp_extension pulls in setuptools and the build tools: only when the kernel is built
             from torch.utils.cpp_extension import load
             _find_ninja()
-            module = load(self.name, sources=[str(self.source)], extra_cflags=FLAGS, verbose=False)
+            folder = self.build_folder()
+            folder.mkdir(parents=True, exist_ok=True)
+            clear_stale_lock(folder)
+            module = load(self.name, sources=[str(self.source)], extra_cflags=FLAGS, verbose=False,
+                          build_directory=str(folder))
         except Exception as e:  # no compiler, no ninja, an unwritable cache: the Python path stays
             lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [repr(e)]
             said = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"   # a compiler's output: its ends
@@ -53,6 +66,28 @@ class CpuKernel:
             return None
         self.reason = None
         return module
+
+    def build_folder(self) -> Path:
+        """This source text's folder in torch's cache (TORCH_EXTENSIONS_DIR, or ~/.cache/torch_extensions)."""
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+        return Path(root) / f"{self.name}-{digest}"
+
+
+def clear_stale_lock(folder: Path, now: float | None = None) -> bool:
+    """Remove the builder's `lock` in `folder` when it is older than STALE_LOCK_S (a killed build's leftover);
+    True if one was removed. A younger lock is a build under way elsewhere: left for the builder to wait on."""
+    lock = folder / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age <= STALE_LOCK_S:
+        return False
+    lock.unlink(missing_ok=True)
+    warnings.warn(f"removed {lock}, left {age / 60:.0f} minutes ago by a build that did not finish; building again",
+                  RuntimeWarning, stacklevel=2)
+    return True
 
 
 def _find_ninja() -> None:

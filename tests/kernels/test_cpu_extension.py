@@ -7,6 +7,7 @@ import warnings
 import pytest
 
 from engine.kernels import cpu_norm, cpu_seam
+from engine.kernels.cpu_extension import STALE_LOCK_S, CpuKernel, clear_stale_lock
 
 KERNELS = [(cpu_seam, "v41viz_cpu_seam", "CPU mHC seam kernel"),
            (cpu_norm, "v41viz_cpu_norm", "CPU few-row RMSNorm kernel")]
@@ -45,3 +46,26 @@ def test_every_kernel_can_be_turned_off(kernel, name, what, monkeypatch):
         assert kernel.unavailable_reason() == "turned off by V41VIZ_CPU_KERNELS=0"
     finally:
         kernel.load.cache_clear()
+
+
+def test_a_killed_builds_lock_is_removed_and_a_live_one_kept(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    now = lock.stat().st_mtime
+    assert not clear_stale_lock(tmp_path, now + STALE_LOCK_S) and lock.exists()      # a build under way: wait for it
+    with pytest.warns(RuntimeWarning, match="left 11 minutes ago by a build that did not finish"):
+        assert clear_stale_lock(tmp_path, now + STALE_LOCK_S + 60)
+    assert not lock.exists()
+    assert not clear_stale_lock(tmp_path, now)                                        # nothing there: nothing to do
+
+
+def test_each_source_text_builds_in_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    source = tmp_path / "k.cpp"
+    source.write_text("int f() { return 1; }\n")
+    kernel = CpuKernel("v41viz_probe", source, "probe kernel", "the Python path runs")
+    first = kernel.build_folder()
+    source.write_text("int f() { return 2; }\n")
+    second = kernel.build_folder()
+    assert first.parent == second.parent == tmp_path and first != second
+    assert first.name.startswith("v41viz_probe-")
