@@ -123,8 +123,13 @@ class ModelArgs:
 
     @property
     def n_draft_stages(self) -> int:
-        """Layers after the backbone in `compress_ratios`: DSpark stages, or the plain MTP layers."""
-        return len(self.dspark_target_layer_ids) if self.has_dspark else self.n_mtp_layers
+        """Layers after the backbone in `compress_ratios`: DSpark stages, or the plain MTP layers. V4.1 counts them
+        as its reference does, `n_mtp_layers` (`num_nextn_predict_layers`), whatever the number of tapped layers:
+        the taps set only stage 0's main_proj input width (spec §7). The V4 DSpark revision's config keeps the plain
+        V4's `num_nextn_predict_layers` (1) and lists one draft layer per tap in `compress_ratios` (spec §1.3)."""
+        if self.has_dspark and self.family == "v4":
+            return len(self.dspark_target_layer_ids)
+        return self.n_mtp_layers
 
     @property
     def has_dspark(self) -> bool:

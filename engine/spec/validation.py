@@ -118,9 +118,11 @@ def _check_layers(a: "ModelArgs") -> None:
     in_range("index_source_layers", a.index_source_layers, a.n_layers)
     in_range("engram_layer_ids", a.engram_layer_ids, a.n_layers)
     in_range("dspark_target_layer_ids", a.dspark_target_layer_ids, a.n_layers)
-    # DSpark stages are counted from the taps: an empty tap list would surface as a compress_ratios mismatch
     need(not a.has_dspark or len(a.dspark_target_layer_ids) > 0, "dspark_target_layer_ids",
          f"must name the tapped layers when dspark_block_size ({a.dspark_block_size}) turns DSpark on")
+    need(not a.has_dspark or a.n_draft_stages > 0, "n_mtp_layers",
+         f"(num_nextn_predict_layers) counts the DSpark stages and must be at least 1 when dspark_block_size "
+         f"({a.dspark_block_size}) turns DSpark on, got {a.n_mtp_layers}")
     n_total = a.n_layers + a.n_draft_stages
     need(len(a.compress_ratios) == n_total, "compress_ratios",
          f"has {len(a.compress_ratios)} entries; expected n_layers ({a.n_layers}) + "
