@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..model.quant import E2M1_GRID, FP4_MAX, FP8_MAX, round_e2m1
+from ..model.quant import E2M1_GRID, FP4_MAX, FP8_MAX, e2m1_magnitude
 from ..spec.errors import InputError
 
 FP8_BLOCK = 32        # dense FP8 weights: one scale per [32, 32] block
@@ -73,10 +73,8 @@ def quantize_fp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out, inp = w.shape
     groups = _padded(w.float(), 1, FP4_BLOCK).unflatten(1, (-1, FP4_BLOCK))  # [out, in/32, 32]
     scale = weight_scale(groups.abs().amax(-1).clamp_min(1e-30), FP4_MAX)   # [out, in/32]
-    v = round_e2m1((groups / scale.unsqueeze(-1)).clamp(-FP4_MAX, FP4_MAX)).flatten(1)[:, :inp]
-    grid = torch.tensor(E2M1_GRID)
-    magnitude = (v.abs().unsqueeze(-1) == grid).float().argmax(-1)          # [out, in] index 0..7
-    codes = magnitude | (torch.signbit(v).long() << 3)                       # [out, in] 0..15
+    v = (groups / scale.unsqueeze(-1)).clamp(-FP4_MAX, FP4_MAX).flatten(1)[:, :inp]   # [out, in]
+    codes = e2m1_magnitude(v) | (torch.signbit(v).long() << 3)               # [out, in] 0..15: magnitude, sign
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)                          # [out, in/2] 0..255
     return packed.to(torch.uint8).view(torch.int8), scale.to(torch.float8_e8m0fnu)
 

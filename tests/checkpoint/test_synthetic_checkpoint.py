@@ -1,0 +1,112 @@
+"""`engine quantize --synthetic`: seeded random weights written straight into the official layout, every tensor as
+the inventory says, loadable, generating finite logits; the same seed gives the same bytes; and the writer's peak
+memory is a few blocks of rows, not the checkpoint (measured in a fresh process)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from engine.accounting.inventory import inventory_tuple
+from engine.checkpoint.official import TORCH_DTYPES
+from engine.checkpoint.official_layout import INDEX_NAME, official_args
+from engine.checkpoint.synthetic import write_synthetic
+from engine.cli import main
+from engine.spec.config import load_config
+from engine.text.vocab import ID_MAP_NAME
+from tests.official_helpers import DEFAULT
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 2 ** 20
+
+
+def small_args():
+    """The default checkpoint's architecture (vocabulary 1,000-odd ids) in the official layout."""
+    return official_args(load_config(DEFAULT / "config.json"))
+
+
+def test_every_tensor_is_written_as_the_inventory_says(tmp_path):
+    args = small_args()
+    written = write_synthetic(args, tmp_path / "a", seed=3, shards=2)
+    index = json.loads((tmp_path / "a" / INDEX_NAME).read_text())["weight_map"]
+    inventory = inventory_tuple(args)
+    assert set(index) == {spec.name for spec in inventory} and len(written.shards) == 2
+    for spec in inventory:
+        with safe_open(str(tmp_path / "a" / index[spec.name]), framework="pt") as f:
+            got = f.get_tensor(spec.name)
+        assert got.dtype == TORCH_DTYPES[spec.dtype] and tuple(got.shape) == spec.shape, spec.name
+        if spec.is_scale:   # E8M0 codes of init-scale values: far from the NaN code 255 and from 0
+            assert 100 < int(got.view(torch.uint8).min()) and int(got.view(torch.uint8).max()) < 140, spec.name
+    # the same seed gives the same bytes; another seed other bytes
+    write_synthetic(args, tmp_path / "b", seed=3, shards=2)
+    write_synthetic(args, tmp_path / "c", seed=4, shards=2)
+    same = [(tmp_path / "a" / s.name).read_bytes() == (tmp_path / "b" / s.name).read_bytes() for s in written.shards]
+    other = [(tmp_path / "a" / s.name).read_bytes() == (tmp_path / "c" / s.name).read_bytes() for s in written.shards]
+    assert all(same) and not any(other)
+
+
+def test_the_cli_writes_a_checkpoint_that_loads_and_generates(tmp_path, capsys):
+    config = tmp_path / "small.json"
+    config.write_text((DEFAULT / "config.json").read_text())
+    assert main(["quantize", "--synthetic", str(config), "--out", str(tmp_path / "out"), "--seed", "1"]) == 0
+    assert "synthetic, seed 1" in capsys.readouterr().err
+    shutil.copyfile(DEFAULT / ID_MAP_NAME, tmp_path / "out" / ID_MAP_NAME)   # the config's reduced vocabulary
+    from engine.generation import Engine
+    from engine.request import GenerationRequest
+    engine = Engine.load(checkpoint=tmp_path / "out")
+    finite = []
+    engine.model.register_forward_hook(lambda m, i, out: finite.append(bool(torch.isfinite(out.logits).all())))
+    result = engine.generate([[0, 5, 6, 7]], GenerationRequest.of(4, stop_tokens=()))
+    assert len(result.tokens[0]) == 4 and finite and all(finite)
+
+
+def test_the_cli_refuses_both_sources_and_a_bad_seed(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["quantize", "--synthetic", "tiny-v4.1", "--checkpoint", str(DEFAULT), "--out", str(tmp_path / "x")])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["quantize", "--synthetic", "tiny-v4.1", "--out", str(tmp_path / "y"), "--seed", "-1"]) != 0
+    assert "--seed must lie in" in capsys.readouterr().err
+
+
+MEASURE = """
+import json, sys
+from engine.checkpoint.synthetic import write_synthetic
+from engine.spec.config import load_config
+from engine.text.vocab import ID_MAP_NAME
+from tests.official_helpers import memory_status, restart_peak
+args = load_config(sys.argv[1])
+write_synthetic(args.replace(n_routed_experts=4), sys.argv[2] + "-warm", shards=1)   # imports and caches first
+restart_peak()
+before = memory_status("VmRSS")
+written = write_synthetic(args, sys.argv[2], shards=2, block_values=int(sys.argv[3]))
+print(json.dumps({"before": before, "peak": max(memory_status("VmHWM"), memory_status("VmRSS")),
+                  "total": written.total_bytes}))
+"""
+
+
+@pytest.mark.slow  # writes a 390 MiB checkpoint in a fresh process and measures its peak RSS [25 s]
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS / VmHWM from /proc")
+def test_the_writer_holds_a_few_blocks_not_the_checkpoint(tmp_path):
+    """A checkpoint of ~390 MiB whose largest tensor (the routed experts' packed weights aside, the BF16 embedding
+    and head) is tens of MiB: the writer's resident set grows by a small multiple of one block of rows (4 Mi
+    values, 16 MiB in fp32), far below the largest tensor and the checkpoint."""
+    config = tmp_path / "wide.json"
+    args = small_args().replace(n_routed_experts=128, moe_inter_dim=1024)
+    config.write_text(json.dumps({k: v for k, v in args.to_dict().items() if k != "name"}))
+    block = 1 << 22
+    run = subprocess.run([sys.executable, "-c", MEASURE, str(config), str(tmp_path / "out"), str(block)],
+                         capture_output=True, text=True, cwd=ROOT, check=False, timeout=300)
+    assert run.returncode == 0, run.stderr
+    m = json.loads(run.stdout)
+    largest = max(spec.nbytes for spec in inventory_tuple(args))
+    grew = m["peak"] - m["before"]
+    print(f"\nwrote {m['total'] / MIB:.0f} MiB (largest tensor {largest / MIB:.1f} MiB) with blocks of {block:,} "
+          f"values: peak RSS {grew / MIB:.1f} MiB above the start")
+    assert m["total"] > 300 * MIB
+    assert grew < 12 * 4 * block + 32 * MIB < m["total"] / 2
