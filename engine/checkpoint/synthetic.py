@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ..accounting.inventory import TensorSpec, inventory_tuple
 from ..model.init import initial_value
@@ -106,3 +107,23 @@ def _values(spec: TensorSpec, shape: tuple[int, ...], args: ModelArgs, gen: torc
 
 def _generator(seed: int, name_seed: int, first_row: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + name_seed * 65_537 + first_row) % 2 ** 63)
+
+
+def reuse_or_write(config: ModelArgs | str | Path, out: str | Path, seed: int = 0) -> tuple[Path, bool]:
+    """(folder, written): the synthetic checkpoint of `config` in `out`, reused when its config.json and producer
+    say this config and seed (what a rehearsal of several gigabytes needs: written once), else written anew into
+    the empty or new folder."""
+    args = official_args(config if isinstance(config, ModelArgs) else load_config(config))
+    out = Path(out)
+    index = out / INDEX_NAME
+    if index.is_file() and (out / CONFIG_NAME).is_file():
+        same_config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8")) == official_config(args)
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        with safe_open(str(out / shards[0]), framework="pt") as f:
+            same_seed = (f.metadata() or {}).get("producer", "").endswith(f"(seed {seed})")
+        if same_config and same_seed:
+            return out, False
+        raise CheckpointError(f"{out} holds another checkpoint than the synthetic {args.name or 'config'} with seed "
+                              f"{seed}; remove it or choose another folder")
+    write_synthetic(args, out, seed=seed)
+    return out, True
