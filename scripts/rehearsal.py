@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", type=int, default=32, help="decode steps, plain and then with DSpark")
     p.add_argument("--contexts", default="4096,16384",
                    help="prefill lengths of the long-context series, each in a fresh process ('' for none)")
+    p.add_argument("--budget-s", type=float, default=900,
+                   help="skip a context whose prefill, extrapolated from the last one, would take longer")
     p.add_argument("--results", type=Path, default=None, help="write docs/results/<name>.json")
     p.add_argument("--worker", choices=["run", "prefill"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -47,13 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     model_args = load_config(args.folder / "config.json")
     main_run = in_fresh_process(args, "run", args.prompt)
     main_run["predicted"] = host_run_bytes(model_args, args.prompt)
-    series = []
+    series, notes = [], []
+    previous = main_run
     for context in [int(c) for c in args.contexts.split(",") if c]:
-        row = in_fresh_process(args, "prefill", context)
-        row["predicted"] = host_run_bytes(model_args, context)
+        stop = too_much(model_args, context, previous, args.budget_s)
+        if stop:
+            notes.append(f"The series stops before {context:,} tokens: {stop}.")
+            print(notes[-1], file=sys.stderr)
+            break
+        row = main_run if context == args.prompt else in_fresh_process(args, "prefill", context)
+        row = {**row, "predicted": host_run_bytes(model_args, context)}
         series.append(row)
-        print(f"prefill {context:,}: {row['prefill_s']:.1f} s, peak {row['peak'] / GIB:.2f} GiB "
-              f"(plan {row['predicted']['total'] / GIB:.2f} GiB)", file=sys.stderr)
+        previous = row
+        print(f"prefill {context:,}: {row['prefill_s']:.1f} s, peak {(row['peak'] - row['base']) / GIB:.2f} GiB "
+              f"above start (plan {row['predicted']['total'] / GIB:.2f} GiB)", file=sys.stderr)
     rows = [{"measure": "main", **main_run}, *({"measure": "prefill", **r} for r in series)]
     settings = {"config": str(args.config.relative_to(ROOT)) if args.config.is_relative_to(ROOT) else str(args.config),
                 "prompt": args.prompt, "decode": args.decode, "checkpoint_bytes": written["bytes"],
@@ -61,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 "routed_experts": model_args.n_routed_experts, "draft_stages": model_args.n_draft_stages}
     report(rows, settings)
     import torch
-    recorder.write(rows, torch.get_num_threads(), settings=settings)
+    recorder.write(rows, torch.get_num_threads(), settings=settings, notes=notes)
     return 0
 
 
@@ -74,6 +83,22 @@ def ensure_folder(config: Path, folder: Path) -> dict:
     if written:
         print(f"wrote {folder} in {seconds} s", file=sys.stderr)
     return {"bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors")), "seconds": seconds}
+
+
+def too_much(model_args, context: int, previous: dict, budget_s: float) -> str:
+    """Why a prefill of `context` tokens is not attempted ('' when it is): the plan's CPU figure beyond the memory
+    available now, or its time, extrapolated linearly from the previous prefill, beyond the budget."""
+    from engine.plan.memory_fit import available_memory
+    need = host_run_bytes(model_args, context)
+    free, bound = available_memory()
+    if need["total"] > free:
+        return (f"the plan puts its peak at {need['total'] / GIB:,.1f} GiB (working buffers "
+                f"{need['working'] / GIB:,.1f} GiB), above the {free / GIB:,.1f} GiB available ({bound})")
+    guess = previous["prefill_s"] * context / previous["tokens"]
+    if guess > budget_s:
+        return (f"its prefill would take about {guess / 60:,.0f} minutes on this machine (linear in the tokens from "
+                f"{previous['prefill_s']:,.0f} s at {previous['tokens']:,}), beyond the {budget_s:,.0f} s budget")
+    return ""
 
 
 def in_fresh_process(args, kind: str, tokens: int) -> dict:
@@ -110,6 +135,9 @@ def worker(args) -> dict:
         return stamps, result.tokens[0]
 
     with torch.inference_mode():
+        t0 = time.perf_counter()   # one-time work kept out of the timings: the C++ CPU kernels' build, fp32 head copy
+        engine.generate([prompt[:8]], GenerationRequest.of(1, stop_tokens=()))
+        out["warmup_s"] = round(time.perf_counter() - t0, 1)
         if args.worker == "prefill":
             stamps, _ = timed(GenerationRequest.of(1, stop_tokens=()))
             out["prefill_s"] = round(stamps[0], 2)

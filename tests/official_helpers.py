@@ -28,7 +28,7 @@ from engine.spec.engram_layout import EngramLayout
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "checkpoints" / "default"
 REHEARSAL_CONFIG = ROOT / "configs" / "v4.1-flash-rehearsal.json"
-REHEARSAL = ROOT / "checkpoints" / "v4.1-flash-rehearsal"   # 6.3 GiB: written once, reused (git-ignored)
+REHEARSAL = ROOT / "checkpoints" / "v4.1-flash-rehearsal"   # 6.2 GiB: written once, reused (git-ignored)
 DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
           "BF16": torch.bfloat16, "F32": torch.float32}
 E4M3_MODEST = 0xBF      # clears the exponent's top bit: |code| <= 1.875, never the NaN codes 0x7F / 0xFF

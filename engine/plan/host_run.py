@@ -11,7 +11,7 @@ from math import ceil
 from typing import TYPE_CHECKING
 
 from .memory_fit import resident_bytes
-from .memory_plan import Hardware, engram_touched, working_terms
+from .memory_plan import Hardware, engram_touched, host_tensor_sizes, working_terms
 
 if TYPE_CHECKING:
     from ..spec.config import ModelArgs
@@ -24,13 +24,13 @@ def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes:
     lazy official loader holds them (FP8 / FP4 as stored, other floats in the compute dtype, Engram tables left in
     the shards), the engine's caches in the compute dtype (window ring per backbone layer, compressed KV and index
     keys per source, token history), the plan's working terms (its BF16 ones at value_bytes; no runtime reserve),
-    and the Engram pages touched."""
+    the Engram pages touched and the plan's loading staging (twice the largest tensor). The plan's "fp32 head"
+    term is kept: on the CPU the engine holds a transposed fp32 copy of the head for its few-row decode calls
+    (engine.speedups.fast_head), beside the head itself."""
     a = args
     hw = Hardware(gpus=1, context=context, batch=batch, prefill_chunk=context, reserve_gib=0.0)
     working = working_terms(a, hw)
     working = {k: v * value_bytes // 2 if k in BF16_TERMS else v for k, v in working.items()}
-    if value_bytes == 4:   # the plan's fp32 copy of a BF16 head: here the head is held in fp32 among the weights
-        working["logits and fp32 head"] -= a.vocab_size * a.dim * 4
     caches = 0
     for role in a.roles[: a.n_layers]:
         caches += a.window_size * a.head_dim
@@ -40,5 +40,6 @@ def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes:
     parts = {"weights": resident_bytes(a, value_bytes, official=True),
              "caches": batch * caches * value_bytes + (batch * context * 8 if a.has_engram else 0),
              "working": sum(working.values()),
-             "engram_touched": engram_touched(a, context, batch)}
+             "engram_touched": engram_touched(a, context, batch),
+             "staging": 2 * host_tensor_sizes(a)[1]}
     return {**parts, "total": sum(parts.values())}

@@ -81,7 +81,7 @@ from engine.spec.config import load_config
 from engine.text.vocab import ID_MAP_NAME
 from tests.official_helpers import memory_status, restart_peak
 args = load_config(sys.argv[1])
-write_synthetic(args.replace(n_routed_experts=4), sys.argv[2] + "-warm", shards=1)   # imports and caches first
+write_synthetic(args.replace(moe_inter_dim=96), sys.argv[2] + "-warm", shards=1)   # imports and caches first
 restart_peak()
 before = memory_status("VmRSS")
 written = write_synthetic(args, sys.argv[2], shards=2, block_values=int(sys.argv[3]))
@@ -90,23 +90,22 @@ print(json.dumps({"before": before, "peak": max(memory_status("VmHWM"), memory_s
 """
 
 
-@pytest.mark.slow  # writes a 390 MiB checkpoint in a fresh process and measures its peak RSS [25 s]
+@pytest.mark.slow  # writes a 200 MiB checkpoint in a fresh process, peak RSS measured [570 s at nice 19 beside a run]
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS / VmHWM from /proc")
 def test_the_writer_holds_a_few_blocks_not_the_checkpoint(tmp_path):
-    """A checkpoint of ~390 MiB whose largest tensor (the routed experts' packed weights aside, the BF16 embedding
-    and head) is tens of MiB: the writer's resident set grows by a small multiple of one block of rows (4 Mi
-    values, 16 MiB in fp32), far below the largest tensor and the checkpoint."""
+    """A checkpoint of ~200 MiB written with blocks of 1 Mi values (4 MiB in fp32): the writer's resident set grows
+    by a small multiple of one block, whatever the checkpoint's size (the full-width rehearsal's 6.2 GiB, whose
+    largest tensor is 1.2 GiB, was written with a peak RSS of 677 MiB, the interpreter and torch included)."""
     config = tmp_path / "wide.json"
-    args = small_args().replace(n_routed_experts=128, moe_inter_dim=1024)
+    args = small_args().replace(moe_inter_dim=4096)
     config.write_text(json.dumps({k: v for k, v in args.to_dict().items() if k != "name"}))
-    block = 1 << 22
+    block = 1 << 20
     run = subprocess.run([sys.executable, "-c", MEASURE, str(config), str(tmp_path / "out"), str(block)],
-                         capture_output=True, text=True, cwd=ROOT, check=False, timeout=300)
+                         capture_output=True, text=True, cwd=ROOT, check=False, timeout=600)
     assert run.returncode == 0, run.stderr
     m = json.loads(run.stdout)
-    largest = max(spec.nbytes for spec in inventory_tuple(args))
     grew = m["peak"] - m["before"]
-    print(f"\nwrote {m['total'] / MIB:.0f} MiB (largest tensor {largest / MIB:.1f} MiB) with blocks of {block:,} "
-          f"values: peak RSS {grew / MIB:.1f} MiB above the start")
-    assert m["total"] > 300 * MIB
+    print(f"\nwrote {m['total'] / MIB:.0f} MiB with blocks of {block:,} values: peak RSS {grew / MIB:.1f} MiB above "
+          f"the start")
+    assert m["total"] > 150 * MIB
     assert grew < 12 * 4 * block + 32 * MIB < m["total"] / 2
