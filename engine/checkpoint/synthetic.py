@@ -39,6 +39,7 @@ from .official_writer import (
 )
 from .stream_file import StreamedFile
 
+SYNTHETIC_PRODUCER = "v41viz engine quantize --synthetic"   # the shards' metadata: how reuse_or_write knows its own
 BLOCK_VALUES = 1 << 22   # values drawn at once (16 MiB in fp32; quantizing holds a few such blocks)
 
 
@@ -58,7 +59,7 @@ def write_synthetic(config: ModelArgs | str | Path, out: str | Path, seed: int =
     prepare_folder(out)
     weight_map: dict[str, str] = {}
     written: list[Path] = []
-    metadata = {"format": "pt", "producer": f"v41viz engine quantize --synthetic (seed {seed})"}
+    metadata = {"format": "pt", "producer": f"{SYNTHETIC_PRODUCER} (seed {seed})"}
     for i, part in enumerate(split_groups(groups, count)):
         path = out / shard_name(i, count)
         with StreamedFile(path, [spec for group in part for spec in group], metadata) as file:
@@ -111,19 +112,22 @@ def _generator(seed: int, name_seed: int, first_row: int) -> torch.Generator:
 
 def reuse_or_write(config: ModelArgs | str | Path, out: str | Path, seed: int = 0) -> tuple[Path, bool]:
     """(folder, written): the synthetic checkpoint of `config` in `out`, reused when its config.json and producer
-    say this config and seed (what a rehearsal of several gigabytes needs: written once), else written anew into
-    the empty or new folder."""
+    say this config and seed (what a rehearsal of several gigabytes needs: written once); an older synthetic
+    checkpoint there (another config or seed) is replaced; anything else in the folder is refused."""
     args = official_args(config if isinstance(config, ModelArgs) else load_config(config))
     out = Path(out)
     index = out / INDEX_NAME
     if index.is_file() and (out / CONFIG_NAME).is_file():
-        same_config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8")) == official_config(args)
         shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         with safe_open(str(out / shards[0]), framework="pt") as f:
-            same_seed = (f.metadata() or {}).get("producer", "").endswith(f"(seed {seed})")
-        if same_config and same_seed:
+            producer = (f.metadata() or {}).get("producer", "")
+        same_config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8")) == official_config(args)
+        if same_config and producer.endswith(f"(seed {seed})"):
             return out, False
-        raise CheckpointError(f"{out} holds another checkpoint than the synthetic {args.name or 'config'} with seed "
-                              f"{seed}; remove it or choose another folder")
+        if not producer.startswith(SYNTHETIC_PRODUCER):
+            raise CheckpointError(f"{out} holds a checkpoint that engine quantize --synthetic did not write; remove "
+                                  f"it or choose another folder")
+        for name in (*shards, INDEX_NAME, CONFIG_NAME):   # our own older synthetic weights: replaced
+            (out / name).unlink()
     write_synthetic(args, out, seed=seed)
     return out, True

@@ -14,9 +14,11 @@ import torch
 from safetensors import safe_open
 
 from engine.accounting.inventory import inventory_tuple
+from engine.checkpoint.errors import CheckpointError
 from engine.checkpoint.official import TORCH_DTYPES
 from engine.checkpoint.official_layout import INDEX_NAME, official_args
-from engine.checkpoint.synthetic import write_synthetic
+from engine.checkpoint.official_writer import write_official
+from engine.checkpoint.synthetic import reuse_or_write, write_synthetic
 from engine.cli import main
 from engine.spec.config import load_config
 from engine.text.vocab import ID_MAP_NAME
@@ -41,16 +43,28 @@ def test_every_tensor_is_written_as_the_inventory_says(tmp_path):
         with safe_open(str(tmp_path / "a" / index[spec.name]), framework="pt") as f:
             got = f.get_tensor(spec.name)
         assert got.dtype == TORCH_DTYPES[spec.dtype] and tuple(got.shape) == spec.shape, spec.name
+        if spec.name == "embed.weight":
+            first_embed = got
         if spec.is_scale:   # E8M0 codes of init-scale values: far from the NaN code 255 and from 0
             assert 100 < int(got.view(torch.uint8).min()) and int(got.view(torch.uint8).max()) < 140, spec.name
     # the same seed gives the same bytes; another seed other bytes
+    first = {s.name: s.read_bytes() for s in written.shards}
     write_synthetic(args, tmp_path / "b", seed=3, shards=2)
-    write_synthetic(args, tmp_path / "c", seed=4, shards=2)
-    same = [(tmp_path / "a" / s.name).read_bytes() == (tmp_path / "b" / s.name).read_bytes() for s in written.shards]
-    other = [(tmp_path / "a" / s.name).read_bytes() == (tmp_path / "c" / s.name).read_bytes() for s in written.shards]
-    assert all(same) and not any(other)
+    assert all((tmp_path / "b" / name).read_bytes() == data for name, data in first.items())
+    # reuse_or_write: the same config and seed reused, another seed rewritten in place, a foreign folder refused
+    assert reuse_or_write(args, tmp_path / "a", seed=3) == (tmp_path / "a", False)
+    assert reuse_or_write(args, tmp_path / "a", seed=4) == (tmp_path / "a", True)
+    index = json.loads((tmp_path / "a" / INDEX_NAME).read_text())["weight_map"]
+    assert index.keys() == {spec.name for spec in inventory}
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.safetensors")) == sorted(set(index.values()))
+    with safe_open(str(tmp_path / "a" / index["embed.weight"]), framework="pt") as f:
+        assert not torch.equal(f.get_tensor("embed.weight"), first_embed)
+    write_official(DEFAULT, tmp_path / "foreign", shards=1)
+    with pytest.raises(CheckpointError, match="engine quantize --synthetic did not write"):
+        reuse_or_write(load_config(tmp_path / "foreign" / "config.json"), tmp_path / "foreign")
 
 
+@pytest.mark.slow  # loads the written checkpoint and generates [62 s at nice 19 beside a full-width run]
 def test_the_cli_writes_a_checkpoint_that_loads_and_generates(tmp_path, capsys):
     config = tmp_path / "small.json"
     config.write_text((DEFAULT / "config.json").read_text())
@@ -76,7 +90,9 @@ def test_the_cli_refuses_both_sources_and_a_bad_seed(tmp_path, capsys):
 
 MEASURE = """
 import json, sys
-from engine.checkpoint.synthetic import write_synthetic
+from engine.checkpoint.errors import CheckpointError
+from engine.checkpoint.official_writer import write_official
+from engine.checkpoint.synthetic import reuse_or_write, write_synthetic
 from engine.spec.config import load_config
 from engine.text.vocab import ID_MAP_NAME
 from tests.official_helpers import memory_status, restart_peak
