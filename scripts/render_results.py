@@ -188,7 +188,14 @@ def rehearsal(r: dict, view: str) -> list[str]:
                      [[f"{row['tokens']:,}", f"{row['prefill_s']:,.1f} s", f"{row['prefill_tokens_per_s']:,.1f}",
                        gib(row["peak"] - row["base"]), against(row), gib(row["peak"] - row["loaded"]),
                        gib(row["predicted"]["caches"] + row["predicted"]["working"])] for row in rows])
-        return [*body, "", *(f"{note}" for note in r["notes"])]
+        growth = []
+        if len(rows) > 1:
+            a, b = rows[0], rows[-1]
+            grew = (b["peak"] - b["base"]) - (a["peak"] - a["base"])
+            planned = b["predicted"]["total"] - a["predicted"]["total"]
+            growth = [f"From {a['tokens']:,} to {b['tokens']:,} tokens the peak grew by {gib(grew)}, the plan's "
+                      f"formula by {gib(planned)} ({grew / planned:.2f} of it).", ""]
+        return [*body, "", *growth, *r["notes"]]
     main_rows = [row for row in r["rows"] if row["measure"] == "main"]
     body = table(["prompt", "load", "prefill tokens/s", "decode ms/step", "DSpark ms/token", "same text",
                   "peak RSS above start", "plan (difference)"],
