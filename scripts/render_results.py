@@ -197,6 +197,12 @@ def rehearsal(r: dict, view: str) -> list[str]:
                       f"formula by {gib(planned)} ({grew / planned:.2f} of it).", ""]
         return [*body, "", *growth, *r["notes"]]
     main_rows = [row for row in r["rows"] if row["measure"] == "main"]
+    if view == "summary":   # the README's one line
+        return [f"{row['tokens']:,}-token prompt: load {row['load_s']:,.1f} s, prefill "
+                f"{row['prefill_tokens_per_s']:,.1f} tokens/s, decode {row['decode_ms'] / 1000:,.1f} s/step, "
+                f"DSpark {row['dspark_decode_ms'] / 1000:,.1f} s/token (same text: "
+                f"{'yes' if row['dspark_same_tokens'] else 'no'}); peak RSS {gib(row['peak'] - row['base'])} above "
+                f"start, plan {against(row)}." for row in main_rows]
     body = table(["prompt", "load", "prefill tokens/s", "decode ms/step", "DSpark ms/token", "same text",
                   "peak RSS above start", "plan (difference)"],
                  [[f"{row['tokens']:,}", f"{row['load_s']:,.1f} s", f"{row['prefill_tokens_per_s']:,.1f}",
