@@ -11,7 +11,7 @@ import pytest
 from tests.official_helpers import ROOT, rehearsal_folder
 from tests.parallel_helpers import torchrun
 
-# one process (9.5 GiB) and then 2 ranks load the full-width model and generate 3 tokens [N s on 2 cores; the
+# one process (9.5 GiB) and then 2 ranks load the full-width model and generate 3 tokens [222 s on 2 cores; the
 # 6.2 GiB folder is written once on first use, minutes]
 pytestmark = pytest.mark.slow
 
