@@ -171,6 +171,51 @@ def plan(r: dict, view: str) -> list[str]:
             *(f"{note[0].upper()}{note[1:]}." for note in r["notes"] if view != "fits")]
 
 
+def rehearsal(r: dict, view: str) -> list[str]:
+    """scripts/rehearsal.py: the main run (load, prefill, decode plain and DSpark, peak RSS against the plan's CPU
+    figure); view `contexts`: one prefill per context length, each in a fresh process."""
+    def gib(n: int) -> str:
+        return f"{n / 2**30:,.2f} GiB"
+
+    def against(row: dict) -> str:
+        grew, plan = row["peak"] - row["base"], row["predicted"]["total"]
+        return f"{gib(plan)} ({100 * (grew - plan) / plan:+.1f} %)"
+    s = r["settings"]
+    if view == "contexts":
+        rows = [row for row in r["rows"] if row["measure"] == "prefill"]
+        body = table(["context", "prefill", "tokens/s", "peak RSS above start", "plan (difference)",
+                      "prefill's growth above the loaded model", "plan's caches + working"],
+                     [[f"{row['tokens']:,}", f"{row['prefill_s']:,.1f} s", f"{row['prefill_tokens_per_s']:,.1f}",
+                       gib(row["peak"] - row["base"]), against(row), gib(row["peak"] - row["loaded"]),
+                       gib(row["predicted"]["caches"] + row["predicted"]["working"])] for row in rows])
+        growth = []
+        if len(rows) > 1:
+            a, b = rows[0], rows[-1]
+            grew = (b["peak"] - b["base"]) - (a["peak"] - a["base"])
+            planned = b["predicted"]["total"] - a["predicted"]["total"]
+            growth = [f"From {a['tokens']:,} to {b['tokens']:,} tokens the peak grew by {gib(grew)}, the plan's "
+                      f"formula by {gib(planned)} ({grew / planned:.2f} of it).", ""]
+        return [*body, "", *growth, *r["notes"]]
+    main_rows = [row for row in r["rows"] if row["measure"] == "main"]
+    if view == "summary":   # the README's one line
+        return [f"{row['tokens']:,}-token prompt: load {row['load_s']:,.1f} s, prefill "
+                f"{row['prefill_tokens_per_s']:,.1f} tokens/s, decode {row['decode_ms'] / 1000:,.1f} s/step, "
+                f"DSpark {row['dspark_decode_ms'] / 1000:,.1f} s/token (same text: "
+                f"{'yes' if row['dspark_same_tokens'] else 'no'}); peak RSS {gib(row['peak'] - row['base'])} above "
+                f"start, plan {against(row)}." for row in main_rows]
+    body = table(["prompt", "load", "prefill tokens/s", "decode ms/step", "DSpark ms/token", "same text",
+                  "peak RSS above start", "plan (difference)"],
+                 [[f"{row['tokens']:,}", f"{row['load_s']:,.1f} s", f"{row['prefill_tokens_per_s']:,.1f}",
+                   f"{row['decode_ms']:,.0f}", f"{row['dspark_decode_ms']:,.0f}",
+                   "yes" if row["dspark_same_tokens"] else "**no**", gib(row["peak"] - row["base"]), against(row)]
+                  for row in main_rows])
+    written = "reused" if s["write_s"] is None else f"written in {s['write_s']:,.0f} s"
+    return [*body, "", f"`{s['config']}`: {s['layers']} layers + {s['draft_stages']} DSpark stages, "
+                       f"{s['routed_experts']} routed experts; synthetic official folder of "
+                       f"{s['checkpoint_bytes'] / 2**30:,.2f} GiB ({written}); {s['decode']} decode steps plain, "
+                       f"then {s['decode']} tokens with DSpark."]
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -185,7 +230,8 @@ def card(c: dict) -> list[str]:
 
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
-             "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan}
+             "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan,
+             "rehearsal": rehearsal}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:

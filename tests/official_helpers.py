@@ -20,12 +20,15 @@ from engine.checkpoint.official_layout import (
 )
 from engine.checkpoint.official_writer import WrittenCheckpoint, encode, write_official
 from engine.checkpoint.store import save_checkpoint
+from engine.checkpoint.synthetic import reuse_or_write
 from engine.model import Transformer, init_weights
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.engram_layout import EngramLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "checkpoints" / "default"
+REHEARSAL_CONFIG = ROOT / "configs" / "v4.1-flash-rehearsal.json"
+REHEARSAL = ROOT / "checkpoints" / "v4.1-flash-rehearsal"   # 6.2 GiB: written once, reused (git-ignored)
 DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
           "BF16": torch.bfloat16, "F32": torch.float32}
 E4M3_MODEST = 0xBF      # clears the exponent's top bit: |code| <= 1.875, never the NaN codes 0x7F / 0xFF
@@ -99,6 +102,12 @@ def engram_heavy_args(table_bytes: int, base: ModelArgs | None = None) -> ModelA
                           base.engram_compressed_vocab_size)
     return base.replace(engram_vocab_size=rows_per_column,
                         engram_num_embeddings=tuple(sum(sizes) for sizes in layout.table_sizes()))
+
+
+def rehearsal_folder() -> Path:
+    """The full-width rehearsal's synthetic official folder (scripts/rehearsal.py writes the same one): written
+    on first use (minutes), then reused."""
+    return reuse_or_write(REHEARSAL_CONFIG, REHEARSAL)[0]
 
 
 def write_tiny_official(folder: Path, args: ModelArgs, seed: int = 0, shards: int = 3) -> WrittenCheckpoint:

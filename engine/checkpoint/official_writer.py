@@ -60,14 +60,14 @@ def write_official(source: str | Path, out: str | Path, shards: int | None = Non
     _check_source(header, inventory, source)
     for file, name, value in stored_tensors(files):  # NaN / Inf would quantize to NaN codes: refuse before writing
         check_finite(value, name, str(file))
-    groups = _pairs(inventory)
+    groups = weight_groups(inventory)
     count = shards if shards is not None else max(1, -(-sum(s.nbytes for s in inventory) // DEFAULT_SHARD_BYTES))
     if count < 1 or count > len(groups):
         raise CheckpointError(f"--shards must be between 1 and {len(groups)} (weights with their scales), got {count}")
-    _prepare(out)
+    prepare_folder(out)
     weight_map: dict[str, str] = {}
     written: list[Path] = []
-    for i, part in enumerate(_split(groups, count)):
+    for i, part in enumerate(split_groups(groups, count)):
         tensors = _encode_part(part, header, args)
         file = out / shard_name(i, count)
         save_file(tensors, str(file), metadata={"format": "pt", "producer": "v41viz engine quantize"})
@@ -106,14 +106,14 @@ def _check_source(header: dict, inventory: tuple[TensorSpec, ...], source) -> No
         raise CheckpointError(f"{source} does not fit its config.json: " + "; ".join(problems[:8]))
 
 
-def _pairs(inventory: tuple[TensorSpec, ...]) -> list[list[TensorSpec]]:
+def weight_groups(inventory: tuple[TensorSpec, ...]) -> list[list[TensorSpec]]:
     """The inventory in order, each quantized weight grouped with its scale (they go to the same shard)."""
     scales = {spec.name: spec for spec in inventory if spec.is_scale}
     return [[spec] + ([scales[scale_name(spec.name)]] if scale_name(spec.name) in scales else [])
             for spec in inventory if not spec.is_scale]
 
 
-def _split(groups: list[list[TensorSpec]], count: int) -> list[list[list[TensorSpec]]]:
+def split_groups(groups: list[list[TensorSpec]], count: int) -> list[list[list[TensorSpec]]]:
     """`count` consecutive runs of groups, none empty, each closed once it reaches its share of the bytes."""
     sizes = [sum(spec.nbytes for spec in group) for group in groups]
     target = sum(sizes) / count
@@ -163,7 +163,7 @@ def encode(spec: TensorSpec, value: torch.Tensor, args: ModelArgs) -> dict[str, 
     return {spec.name: value.to(torch.bfloat16 if spec.dtype == "BF16" else torch.float32).contiguous().clone()}
 
 
-def _prepare(out: Path) -> None:
+def prepare_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a folder")
     if out.is_dir() and (any(out.glob("*.safetensors")) or (out / INDEX_NAME).exists()):

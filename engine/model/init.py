@@ -36,6 +36,12 @@ def init_weights(model: Transformer, seed: int) -> None:
                 table.copy_(torch.rand(table.size(0), n_experts, generator=gen).argsort(-1)[:, : table.size(1)])
 
 
+def initial_value(name: str, shape: tuple, args, gen: torch.Generator) -> torch.Tensor:
+    """The value init_weights gives the parameter `name` of `shape` from `gen`: what `engine quantize --synthetic`
+    draws for a checkpoint tensor (a 2-D one a block of rows at a time: each row's scale depends on its width only)."""
+    return _value(name, shape, args, 1.0 / math.sqrt(2 * (args.n_layers + args.n_draft_stages)), gen)
+
+
 def _value(name: str, shape: tuple, a, depth: float, gen: torch.Generator) -> torch.Tensor:
     def normal(std: float) -> torch.Tensor:
         return torch.randn(shape, generator=gen) * std

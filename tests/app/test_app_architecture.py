@@ -102,6 +102,16 @@ def test_every_preset_renders(name):
     assert not at.error
 
 
+def test_the_full_width_rehearsal_opens_with_its_release_widths():
+    """configs/v4.1-flash-rehearsal.json: the release's widths at 7 layers + 3 draft stages, 8 experts."""
+    at = app(config="v4.1-flash-rehearsal")
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["layers + draft stages"] == "7 + 3"
+    assert at.selectbox(key="arch_node").value == "layers.2.attn"     # its first KV source's attention
+    assert not at.error
+
+
 def test_unknown_config_in_url_falls_back_with_a_notice():
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params["config"] = "no-such-model"

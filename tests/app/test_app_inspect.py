@@ -53,6 +53,30 @@ def test_a_random_weight_preset_says_its_text_is_noise():
                for w in at.warning)
 
 
+def test_a_full_width_preset_says_why_it_is_not_run_and_how_to_run_it():
+    """The rehearsal preset's random weights (6B parameters, 24 GiB in float32) are not offered; the page says so
+    and names the synthetic official folder that runs it."""
+    at = inspect_page(model="v4.1-flash-rehearsal")
+    assert not at.exception, at.exception
+    assert at.selectbox(key="inspect_model").value == "checkpoint:default"
+    warning = next(w.value for w in at.warning if "v4.1-flash-rehearsal" in w.value)
+    assert "beyond the 1B-parameter limit for random weights" in warning
+    assert "engine quantize --synthetic v4.1-flash-rehearsal --out checkpoints/v4.1-flash-rehearsal" in warning
+
+
+@pytest.mark.slow  # loads the full-width rehearsal (9.5 GiB) from its synthetic official folder, generates 2 tokens
+def test_the_full_width_rehearsal_folder_runs_in_the_page(monkeypatch):   # [145 s on 2 cores]
+    from tests.official_helpers import rehearsal_folder
+    from v41viz.ui import engine_session
+    folder = rehearsal_folder()
+    choices = {k: c for k, c in engine_session.model_choices(folder.parent).items() if k.endswith(folder.name)}
+    monkeypatch.setattr(engine_session, "model_choices", lambda: choices)
+    at = generate(inspect_page(model=f"checkpoint:{folder.name}"), prompt="The king", max_new=2)
+    assert not at.exception, at.exception
+    assert "status: **stopped at max new tokens (2 tokens)**" in text_of(at)
+    assert any(m.value.startswith(f"**checkpoint:{folder.name}** · 7 layers") for m in at.markdown)
+
+
 def test_generate_then_every_panel_renders_with_data():
     at = generate(inspect_page())
     assert not at.exception, at.exception

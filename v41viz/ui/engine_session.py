@@ -75,6 +75,20 @@ def _runnable_preset(path: str) -> bool:
     return account(load_config(path)).to_json()["params"]["total"] <= MAX_RANDOM_PARAMS
 
 
+def why_not_offered(name: str) -> str | None:
+    """Why the preset `name` is not among the models to run (random weights too large for this machine), with the
+    way to run it (its synthetic official folder, read lazily); None for anything else."""
+    path = list_presets().get(name)
+    if path is None or _runnable_preset(str(path)):
+        return None
+    params = account(load_config(path)).to_json()["params"]["total"]
+    return (f"the preset '{name}' has {params / 1e9:,.1f}B parameters: its random weights in float32 "
+            f"({4 * params / 2**30:,.0f} GiB) are beyond the {MAX_RANDOM_PARAMS / 1e9:g}B-parameter limit for random "
+            f"weights here. To run it, write its weights in the official FP8/FP4 layout, which the engine reads "
+            f"lazily: `python -m engine quantize --synthetic {name} --out checkpoints/{name}`, then pick "
+            f"checkpoint:{name}")
+
+
 def card_summary(checkpoint: Path) -> str | None:
     """One line from a checkpoint's card.json (written by `python -m engine card`), or None without one."""
     try:

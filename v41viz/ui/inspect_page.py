@@ -36,8 +36,9 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
     if MODEL_KEPT not in st.session_state:
         st.session_state[MODEL_KEPT] = wanted if wanted in choices else engine_session.default_model(choices)
         if wanted and wanted not in choices:
-            st.warning(f"The link asks for model '{wanted}', which this server cannot run; showing "
-                       f"{st.session_state[MODEL_KEPT]}.")
+            why = engine_session.why_not_offered(wanted)
+            st.warning(f"The link asks for model '{wanted}', which this server cannot run"
+                       + (f" ({why})" if why else "") + f"; showing {st.session_state[MODEL_KEPT]}.")
     st.session_state[MODEL] = st.session_state[MODEL_KEPT]
     with st.sidebar:
         st.markdown("### Inspect model")
