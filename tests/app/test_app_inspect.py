@@ -64,6 +64,7 @@ def test_a_full_width_preset_says_why_it_is_not_run_and_how_to_run_it():
     assert "engine quantize --synthetic v4.1-flash-rehearsal --out checkpoints/v4.1-flash-rehearsal" in warning
 
 
+@pytest.mark.full_width
 @pytest.mark.slow  # loads the full-width rehearsal (9.5 GiB) from its synthetic official folder, generates 2 tokens
 def test_the_full_width_rehearsal_folder_runs_in_the_page(monkeypatch):   # [145 s on 2 cores]
     from tests.official_helpers import rehearsal_folder

@@ -16,7 +16,7 @@ from tests.official_helpers import rehearsal_folder
 # a 9.5 GiB full-width model loaded in a fresh process, 64-token prompt, 2 + 2 decode steps: every forward
 # dequantizes ~2 G FP8 / FP4 values on the CPU [203 s on 2 cores; the 6.2 GiB folder it reads is
 # written once on first use, ~16 min]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full_width]
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2 ** 30

@@ -13,7 +13,7 @@ from tests.parallel_helpers import torchrun
 
 # one process (9.5 GiB) and then 2 ranks load the full-width model and generate 3 tokens [222 s on 2 cores; the
 # 6.2 GiB folder is written once on first use, minutes]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full_width]
 
 
 def test_two_ranks_generate_one_process_text(tmp_path):
