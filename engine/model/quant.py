@@ -39,13 +39,15 @@ def _e2m1_tables(dtype: torch.dtype, device: torch.device):
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
-    """v in [-6, 6] → nearest E2M1 value (ties to even code), sign (and −0) preserved."""
+    """v in [-6, 6] → nearest E2M1 value (ties to even code), sign (and −0) preserved; NaN stays NaN (for the
+    engine's non-finite checks to find)."""
     grid = _e2m1_tables(v.dtype, v.device)[1]
-    return torch.copysign(grid[e2m1_magnitude(v)], v)
+    return torch.where(v.isnan(), v, torch.copysign(grid[e2m1_magnitude(v)], v))
 
 
 def e2m1_magnitude(v: torch.Tensor) -> torch.Tensor:
     """v in [-6, 6] → the index (0..7, int64) into E2M1_GRID of |v|'s nearest value, ties to the even code.
+    (NaN gives index 0: a NaN has no nearest value, and an index must stay in the table.)
     The grid is three evenly spaced runs, 0..2 by 0.5 (codes 0..4), 2..4 by 1 (4..6) and 4..6 by 2 (6..7): in
     each, |v| scaled by a power of two (exact) rounds half to even (torch.round) to its step, and an even offset
     (which keeps ties even) gives the code. The rounding adds and subtracts 2^mantissa bits (exact, and
@@ -57,7 +59,8 @@ def e2m1_magnitude(v: torch.Tensor) -> torch.Tensor:
     def nearest(x: torch.Tensor) -> torch.Tensor:   # x in [0, 4]: ties to even
         return (x + magic) - magic
 
-    return torch.where(mag < 2, nearest(2 * mag), torch.where(mag < 4, nearest(mag) + 2, nearest(mag / 2) + 4)).long()
+    code = torch.where(mag < 2, nearest(2 * mag), torch.where(mag < 4, nearest(mag) + 2, nearest(mag / 2) + 4))
+    return code.nan_to_num(0.0).long()
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
