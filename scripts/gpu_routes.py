@@ -25,15 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def peak_host_bytes() -> int:
-    """This process's peak resident set (VmHWM), 0 where /proc is not there."""
-    try:
-        with open("/proc/self/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), 0)
-    except OSError:
-        return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="an official-format folder (e.g. from `engine quantize`)")
@@ -54,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.bench.results_file import ResultsRecorder, spread
     from engine.generation.engine import Engine
     from engine.parallel import is_main_process, leave_world
+    from engine.plan.memory_fit import process_memory
     from engine.request import GenerationRequest
 
     recorder = ResultsRecorder(a.results, "gpu_routes", "scripts/gpu_routes.py", argv)
@@ -74,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         prefill.append(len(ids) / result.prefill_s)
         decode.append(len(result.step_times) / result.decode_s)
         texts.add(hashlib.sha256(engine.tokenizer.decode(result.tokens[0]).encode()).hexdigest())
-    peaks = [peak_host_bytes(), torch.cuda.max_memory_allocated() if device == "cuda" else 0]
+    peaks = [process_memory("VmHWM") or 0, torch.cuda.max_memory_allocated() if device == "cuda" else 0]
     ranks = dist.get_world_size() if dist.is_initialized() else 1
     if ranks > 1:  # every rank's peaks, in rank order (a tensor all-gather: nothing pickled)
         mine = torch.tensor(peaks, dtype=torch.float64, device=device)

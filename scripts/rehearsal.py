@@ -115,15 +115,15 @@ def worker(args) -> dict:
     import torch
 
     from engine.generation import DSparkConfig, Engine
+    from engine.plan.memory_fit import process_memory
     from engine.request import GenerationRequest
-    from tests.official_helpers import memory_status
 
-    base = memory_status("VmRSS")
+    base = process_memory("VmRSS")
     t0 = time.perf_counter()
     engine = Engine.load(checkpoint=args.folder)
     load_s = time.perf_counter() - t0
-    loaded = memory_status("VmRSS")
-    load_peak = memory_status("VmHWM")
+    loaded = process_memory("VmRSS")
+    load_peak = process_memory("VmHWM")
     vocab = engine.args.vocab_size
     prompt = torch.randint(3, min(vocab, 128000), (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     out = {"tokens": args.prompt, "load_s": round(load_s, 2), "base": base, "loaded": loaded, "load_peak": load_peak}
@@ -151,7 +151,7 @@ def worker(args) -> dict:
             out["dspark_same_tokens"] = spec_tokens == tokens
             out["text"] = engine.tokenizer.decode(tokens)[:200]
     out["prefill_tokens_per_s"] = round(args.prompt / out["prefill_s"], 1)
-    out["peak"] = max(memory_status("VmHWM"), memory_status("VmRSS"))
+    out["peak"] = max(process_memory("VmHWM"), process_memory("VmRSS"))
     return out
 
 

@@ -22,6 +22,7 @@ from engine.checkpoint.official_writer import WrittenCheckpoint, encode, write_o
 from engine.checkpoint.store import save_checkpoint
 from engine.checkpoint.synthetic import reuse_or_write
 from engine.model import Transformer, init_weights
+from engine.plan.memory_fit import process_memory
 from engine.spec.config import ModelArgs, load_config
 from engine.spec.engram_layout import EngramLayout
 
@@ -120,9 +121,10 @@ def write_tiny_official(folder: Path, args: ModelArgs, seed: int = 0, shards: in
 
 
 def memory_status(key: str) -> int:
-    """A field of /proc/self/status in bytes (VmRSS, VmHWM, RssAnon, RssFile)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+    """A field of /proc/self/status in bytes (VmRSS, VmHWM, RssAnon, RssFile); the field must be there."""
+    value = process_memory(key)
+    assert value is not None, f"/proc/self/status has no {key}"
+    return value
 
 
 def restart_peak() -> None:

@@ -131,6 +131,11 @@ def _address_space_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+def process_memory(field: str) -> int | None:
+    """This process's `field` of /proc/self/status (VmRSS, VmHWM, RssAnon, ...) in bytes; None where there is none."""
+    return _read_kib("/proc/self/status", field + ":")
+
+
 def _read_kib(path: str, field: str) -> int | None:
     """A `Field:  123 kB` line of a /proc file, in bytes."""
     try:
