@@ -9,6 +9,7 @@ from ..model.linear import Linear
 from ..model.transformer import Transformer
 from ..quant.modules import FP8Linear, QuantizedLinear
 from ..spec.errors import InputError
+from ..speedups.fast_quant_linear import FastFP8Linear
 from .comm import all_gather_cat, all_reduce_sum
 
 
@@ -76,11 +77,12 @@ class RowParallelLinear(Linear):
         return super().extra_repr() + ", row-parallel (all-reduce)"
 
 
-class ColumnParallelFP8Linear(ColumnParallelLinear, FP8Linear):
-    """An FP8Linear over this rank's rows and their scale blocks: FP8Linear's forward (dequantized per call)."""
+class ColumnParallelFP8Linear(ColumnParallelLinear, FastFP8Linear):
+    """An FP8Linear over this rank's rows and their scale blocks: FP8Linear's forward (dequantized per call; a few
+    CPU rows in the C++ kernel of FastFP8Linear, each output as one process computes it)."""
 
 
-class RowParallelFP8Linear(RowParallelLinear, FP8Linear):
+class RowParallelFP8Linear(RowParallelLinear, FastFP8Linear):
     """An FP8Linear over this rank's columns and their scale blocks; its partial products summed by one
     all-reduce (RowParallelLinear.forward around FP8Linear's)."""
 

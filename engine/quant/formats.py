@@ -86,13 +86,13 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     from a 256-row table (one row gather; decoding the nibbles elementwise is ~7× slower on the CPU)."""
     if packed.dtype != torch.int8:
         raise InputError(f"packed FP4 weights are int8 (two E2M1 codes per byte), got {packed.dtype}")
-    table = _byte_values(packed.device)                                      # [256, 2]
+    table = fp4_byte_values(packed.device)                                      # [256, 2]
     rows = table.index_select(0, packed.view(torch.uint8).reshape(-1).long())  # [out·in/2, 2]: low nibble first
     return rows.view(*packed.shape[:-1], 2 * packed.size(-1))
 
 
 @lru_cache(maxsize=8)
-def _byte_values(device: torch.device) -> torch.Tensor:
+def fp4_byte_values(device: torch.device) -> torch.Tensor:
     """[256, 2] float32: the E2M1 values of each byte's low and high nibble (bit 3 of a nibble is the sign)."""
     codes = torch.arange(256)
     nibbles = torch.stack([codes & 0xF, codes >> 4], dim=-1)                 # [256, 2]

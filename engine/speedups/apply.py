@@ -27,6 +27,7 @@ from .fast_indexer import FastIndexer
 from .fast_linear import FastLinear
 from .fast_moe import FastMoE
 from .fast_norm import FastRMSNorm
+from .fast_quant_linear import FastFP4Linear, FastFP8Linear
 from .kernel_modules import KernelBlock, KernelDraftStage, KernelEngram, KernelGate, KernelMoE
 from .kernel_quant import KernelFP4Linear, KernelFP8Linear
 from .sinkhorn import fast_sinkhorn
@@ -36,11 +37,13 @@ BACKENDS = ("torch", "triton")
 # chose, e.g. engine.parallel's, is left alone)
 FAST_CLASSES = {Transformer: FastTransformer, Block: FastBlock, DraftStage: FastDraftStage, RMSNorm: FastRMSNorm,
                 Linear: FastLinear, Attention: FastAttention, DraftAttention: FastDraftAttention,
-                MarkovHead: FastMarkovHead, Compressor: FastCompressor, Indexer: FastIndexer, Gate: FastGate}
+                MarkovHead: FastMarkovHead, Compressor: FastCompressor, Indexer: FastIndexer, Gate: FastGate,
+                FP8Linear: FastFP8Linear, FP4Linear: FastFP4Linear}
 # PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
 KERNEL_CLASSES = {Block: KernelBlock, FastBlock: KernelBlock, DraftStage: KernelDraftStage,
                   FastDraftStage: KernelDraftStage, Gate: KernelGate, FastGate: KernelGate, FastMoE: KernelMoE,
-                  Engram: KernelEngram, FP8Linear: KernelFP8Linear, FP4Linear: KernelFP4Linear}
+                  Engram: KernelEngram, FP8Linear: KernelFP8Linear, FP4Linear: KernelFP4Linear,
+                  FastFP8Linear: KernelFP8Linear, FastFP4Linear: KernelFP4Linear}
 # kernel-backed class → what remove_kernels leaves: the reference, except that the MoE keeps its speed paths
 # (apply_speedups brings the other PyTorch speed paths back)
 UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,

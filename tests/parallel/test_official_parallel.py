@@ -37,9 +37,9 @@ from engine.parallel.experts import ExpertParallelQuantMoE
 from engine.parallel.layers import ColumnParallelFP8Linear, RowParallelFP8Linear
 from engine.quant.apply import quantize_model
 from engine.quant.host_engram import HostEngramTable
-from engine.quant.modules import FP4Linear
 from engine.spec.config import load_config
 from engine.spec.errors import InputError
+from engine.speedups.fast_quant_linear import FastFP4Linear
 from tests.model_helpers import synthetic_token_map, tiny_args
 from tests.official_helpers import DEFAULT, write_tiny_official
 from tests.parallel_cases import forward_cases, generation_cases, teacher_forced_logits
@@ -99,7 +99,7 @@ def test_ranks_hold_their_quantized_parts_and_compute_what_one_process_does(offi
         assert type(attn.wq_b) is ColumnParallelFP8Linear and type(attn.wo_b) is RowParallelFP8Linear
         assert attn.wo_a.weight.dtype == torch.float32 and attn.wo_b.weight.dtype == torch.float8_e4m3fn
         assert type(ffn) is ExpertParallelQuantMoE and ffn.n_experts == 8 // ranks
-        assert type(ffn.experts[0].w1) is FP4Linear and type(shard.mtp[0].ffn) is ExpertParallelQuantMoE
+        assert type(ffn.experts[0].w1) is FastFP4Linear and type(shard.mtp[0].ffn) is ExpertParallelQuantMoE
         tables = [m for m in shard.modules() if isinstance(m, HostEngramTable)]
         assert tables and all(isinstance(t.weight_source, ShardRows) for t in tables)
         for name, t in shard.state_dict().items():
