@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..request import GenerationRequest, SamplingParams
 from ..request.interventions import check_interventions, parse_intervention
+from ..request.request import PREFILL_CHUNK
 from ..request.sampling import check_repetition, check_sampling
 from ..request.schedules import SCHEDULES
 from ..spec.config import load_config
@@ -82,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run decode steps through torch.compile (inductor; with --dspark the verify, draft and "
                              "plain steps): several times faster on a CPU once compiled, but compiling takes minutes "
                              "the first time (cached on disk after); output equal up to float rounding")
+    parser.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, metavar="N",
+                        help=f"prompt tokens per prefill forward (default {PREFILL_CHUNK}): a longer prompt runs in "
+                             "consecutive chunks through the same cache, so its activations stay one chunk's "
+                             "(`engine plan --prefill-chunk` sizes them alike)")
     parser.add_argument("--intervene", metavar="SPEC", action="append", default=[],
                         help="a what-if change, repeatable: engram-off:L, ban-expert:L:E, force-expert:L:E, "
                              "mhc-identity:L, no-candidate-filter, drop-stage:K (with --dspark), each optionally "
@@ -169,7 +174,8 @@ def generate_text(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty,
                               args.no_repeat_ngram, args.seed)
     request = GenerationRequest(args.max_new_tokens, sampling, dspark=dspark, interventions=interventions,
-                                trace=trace, cuda_graphs=args.cuda_graphs, compiled=args.compile)
+                                trace=trace, cuda_graphs=args.cuda_graphs, compiled=args.compile,
+                                prefill_chunk=args.prefill_chunk)
     out = engine.generate_text(args.prompt, request, add_bos=not args.no_bos, on_text=show)
     res = out.result
     print()

@@ -50,13 +50,16 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], request: Gene
     result = GenerationResult.for_prompts(prompts)
     out = Emitter(result, max_new_tokens, args.max_seq_len, request.stop_tokens, trace, token_text, on_token)
 
-    # Prefill: each prompt alone into its own cache row, so no padding enters any computation.
+    # Prefill: each prompt alone into its own cache row, so no padding enters any computation; a prompt longer than
+    # request.prefill_chunk in consecutive chunks, so that its activations stay those of one chunk.
     last_logits, last_time = [], []
     for row, ids in enumerate(prompts):
         out.record_prompt(row, ids, model, interventions)  # with a trace: also each prompt token's probability
         t0 = time.perf_counter()
-        logits = model(torch.tensor([ids], device=device), cache, rows=torch.tensor([row], device=device),
-                       trace=trace, logits="last", interventions=interventions).logits  # [1, V]
+        for start in range(0, len(ids), request.prefill_chunk):   # consecutive chunks through the same cache
+            part = ids[start:start + request.prefill_chunk]
+            logits = model(torch.tensor([part], device=device), cache, rows=torch.tensor([row], device=device),
+                           trace=trace, logits="last", interventions=interventions).logits  # [1, V]
         last_time.append(elapsed(t0, device))
         last_logits.append(logits)
     result.prefill_s = sum(last_time)

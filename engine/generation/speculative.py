@@ -118,6 +118,7 @@ class _Speculation:
         self.model, self.args, self.prompts, self.max_new = model, model.args, prompts, request.max_new_tokens
         self.interventions = interventions
         self.params, self.cfg, self.trace, self.verifier = request.sampling, cfg, request.trace, verifier
+        self.prefill_chunk = request.prefill_chunk
         n, self.gamma = len(prompts), model.args.dspark_block_size
         self.temperature = cfg.temperature(self.gamma)
         self.gens = make_generators(row_seeds(self.params.seed, n), model.device)
@@ -152,8 +153,9 @@ class _Speculation:
         self.building = False
 
     def prefill(self) -> None:
-        """Prompts of equal length go together (no padding enters any computation); the taps fill the drafter
-        rings for every prompt position, and the target's last logits give each row its first anchor."""
+        """Prompts of equal length go together (no padding enters any computation), a long one in consecutive
+        chunks of prefill_chunk tokens; the taps fill the drafter rings for every prompt position, and the target's
+        last logits give each row its first anchor."""
         by_len: dict[int, list[int]] = {}
         for row, ids in enumerate(self.prompts):
             by_len.setdefault(len(ids), []).append(row)
@@ -161,10 +163,11 @@ class _Speculation:
         model, dev = self.model, self.model.device
         for length, group in by_len.items():
             t0 = time.perf_counter()
-            logits, taps = model(torch.tensor([self.prompts[r] for r in group], device=dev), self.cache,
-                                 rows=torch.tensor(group), trace=self.trace, logits="last",
-                                 interventions=self.interventions)
-            self.rings.append(model, taps, group)                             # taps [G, S, n_taps·dim]
+            ids = torch.tensor([self.prompts[r] for r in group], device=dev)      # [G, length]
+            for start in range(0, length, self.prefill_chunk):   # consecutive chunks through the same caches
+                logits, taps = model(ids[:, start:start + self.prefill_chunk], self.cache, rows=torch.tensor(group),
+                                     trace=self.trace, logits="last", interventions=self.interventions)
+                self.rings.append(model, taps, group)                         # taps [G, chunk, n_taps·dim]
             dt = elapsed(t0, dev)
             self.res.prefill_s += dt
             if self.max_new == 0:

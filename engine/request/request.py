@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # torch-bound packages: named for annotations only, so this p
     from ..trace import Trace
 
 GREEDY = SamplingParams()
+# Prompt tokens per prefill forward: a longer prompt runs in consecutive chunks through the same cache (the same
+# result up to float rounding), so its activations stay those of one chunk; `engine plan`'s --prefill-chunk default.
+PREFILL_CHUNK = 4096
 
 
 def check_max_new_tokens(max_new_tokens: object) -> None:
@@ -33,7 +36,8 @@ class GenerationRequest:
     interventions: what-if changes (engine.request.interventions, items or texts such as 'ban-expert:3:5@12'),
     checked against the model's config when the run starts, applied to every forward and recorded in the trace's
     meta. trace: a Trace the run records into, or None. cuda_graphs: decode steps through engine.graphs (CUDA graphs
-    on a GPU, the same static body eagerly on a CPU); compiled: those bodies through torch.compile."""
+    on a GPU, the same static body eagerly on a CPU); compiled: those bodies through torch.compile. prefill_chunk:
+    prompt tokens per prefill forward (a longer prompt runs in consecutive chunks, bounding its activations)."""
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
     stop_tokens: tuple[int, ...] = (EOS_ID,)
@@ -42,6 +46,7 @@ class GenerationRequest:
     trace: Trace | None = field(default=None, compare=False)
     cuda_graphs: bool = False
     compiled: bool = False
+    prefill_chunk: int = PREFILL_CHUNK
 
     def __post_init__(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
@@ -56,17 +61,20 @@ class GenerationRequest:
         for name in ("cuda_graphs", "compiled"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"generate: {name} must be True or False, got {getattr(self, name)!r}")
+        chunk = self.prefill_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"generate: prefill_chunk must be a positive number of tokens, got {chunk!r}")
 
     @classmethod
     def of(cls, max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            seed: int | Sequence[int] | None = None, repetition_penalty: float = 1.0, no_repeat_ngram: int = 0,
            stop_tokens: Sequence[int] = (EOS_ID,), dspark: DSparkConfig | None = None,
            interventions: Sequence[Intervention | str] = (), trace: Trace | None = None, cuda_graphs: bool = False,
-           compiled: bool = False) -> GenerationRequest:
+           compiled: bool = False, prefill_chunk: int = PREFILL_CHUNK) -> GenerationRequest:
         """A request from flat settings: the sampling ones become its SamplingParams."""
         sampling = SamplingParams(temperature, top_k, top_p, repetition_penalty, no_repeat_ngram, seed)
         return cls(max_new_tokens, sampling, tuple(stop_tokens), dspark, tuple(interventions), trace, cuda_graphs,
-                   compiled)
+                   compiled, prefill_chunk)
 
     @classmethod
     def greedy(cls, max_new_tokens: int) -> GenerationRequest:
