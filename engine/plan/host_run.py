@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 BF16_TERMS = ("residual streams", "attention", "expert intermediates")   # working terms the plan counts in BF16
 
 
-def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes: int = 4) -> dict[str, int]:
-    """Bytes of a CPU run that prefills `context` tokens in one step, by part, and their total: the weights as the
+def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes: int = 4,
+                   prefill_chunk: int = Hardware.prefill_chunk) -> dict[str, int]:
+    """Bytes of a CPU run that prefills `context` tokens in chunks of `prefill_chunk` (the engine's default,
+    engine.request.PREFILL_CHUNK, is the plan's), by part, and their total: the weights as the
     lazy official loader holds them (FP8 / FP4 as stored, other floats in the compute dtype, Engram tables left in
     the shards), the engine's caches in the compute dtype (window ring per backbone layer, compressed KV and index
     keys per source, token history), the plan's working terms (its BF16 ones at value_bytes; no runtime reserve),
@@ -28,7 +30,7 @@ def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes:
     term is kept: on the CPU the engine holds a transposed fp32 copy of the head for its few-row decode calls
     (engine.speedups.fast_head), beside the head itself."""
     a = args
-    hw = Hardware(gpus=1, context=context, batch=batch, prefill_chunk=context, reserve_gib=0.0)
+    hw = Hardware(gpus=1, context=context, batch=batch, prefill_chunk=prefill_chunk, reserve_gib=0.0)
     working = working_terms(a, hw)
     working = {k: v * value_bytes // 2 if k in BF16_TERMS else v for k, v in working.items()}
     caches = 0

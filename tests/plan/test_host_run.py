@@ -7,6 +7,7 @@ from engine.checkpoint.official_layout import official_args
 from engine.plan.host_run import host_run_bytes
 from engine.plan.memory_fit import resident_bytes
 from engine.plan.memory_plan import Hardware, host_tensor_sizes, working_terms
+from engine.request.request import PREFILL_CHUNK
 from engine.spec.config import load_config
 
 REHEARSAL = Path(__file__).resolve().parents[2] / "configs" / "v4.1-flash-rehearsal.json"
@@ -28,3 +29,13 @@ def test_the_parts_are_the_loader_the_caches_and_the_plans_terms_in_float32():
     longer = host_run_bytes(a, 16384)
     assert longer["weights"] == got["weights"]
     assert longer["working"] > got["working"] and longer["caches"] > got["caches"]
+
+
+def test_a_long_prompt_is_planned_in_the_engines_prefill_chunks():
+    a = official_args(load_config(REHEARSAL))
+    assert Hardware.prefill_chunk == PREFILL_CHUNK                      # the plan sizes what the engine runs
+    chunked, one_step = host_run_bytes(a, 16384), host_run_bytes(a, 16384, prefill_chunk=16384)
+    per_chunk = working_terms(a, Hardware(gpus=1, context=16384, prefill_chunk=PREFILL_CHUNK, reserve_gib=0.0))
+    whole = working_terms(a, Hardware(gpus=1, context=16384, prefill_chunk=16384, reserve_gib=0.0))
+    assert per_chunk["residual streams"] * 4 == whole["residual streams"]   # activations: one chunk's, not 16k's
+    assert chunked["working"] < one_step["working"] and chunked["caches"] == one_step["caches"]
