@@ -13,7 +13,7 @@ if [ ! -f data/shakespeare/manifest.json ] || ! cmp -s data/shakespeare/id_map.j
   .venv/bin/python -m engine prepare_data --out data/shakespeare
 fi
 # Arguments go to one pytest run (e.g. `bash scripts/test.sh -m "not slow"`, or a single file). Without any, the
-# whole suite in two stages, the whole of `.ci/run` in under 25 minutes on a 2-core machine:
+# whole suite in three stages on a 2-core machine:
 # - the fast stage first, so that a broken build fails early: under 3 minutes on 2 cores. Two workers (pytest-xdist;
 #   each test process computes on one thread), handed whole files (--dist loadfile: a module's fixtures are built
 #   once, and a file's tests never race each other over what they share); --durations names the slowest tests,
@@ -21,10 +21,12 @@ fi
 # - then the slow stage, also on two workers with whole files each: its tests (browser tests, model-card
 #   re-measurement, long training runs, torchrun launches, torch.compile) mostly wait on servers, browsers, ranks or
 #   the compiler, and every patience limit waits on a state, so two files side by side keep to their limits.
+# - last, the full-width rehearsal's tests (marked full_width): the first writes its 6.2 GiB synthetic official
+#   folder (checkpoints/v4.1-flash-rehearsal, ~14 minutes on 2 cores, then reused), and each loads 9.5 GiB, so they
+#   run one at a time, on one worker.
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=15
-# (the full-width rehearsal's tests, marked full_width, need a 6.2 GiB folder written first and 9.5 GiB per load:
-# they run on their own, `bash scripts/test.sh -m full_width`)
-exec .venv/bin/python -m pytest -q -m "slow and not full_width" -n 2 --dist loadfile
+.venv/bin/python -m pytest -q -m "slow and not full_width" -n 2 --dist loadfile
+exec .venv/bin/python -m pytest -q -m full_width -p no:xdist --durations=5
