@@ -2,11 +2,12 @@
 
 Three stages (scripts/test.sh). The fast one, `pytest -m "not slow" -n 2 --dist loadfile` (two workers, whole files
 each), must finish in under 3 minutes on a 2-core machine. The slow one, on two workers too, is every test marked slow
-where it is written (`pytestmark = pytest.mark.slow` in a module, `@pytest.mark.slow` on a test, each with why and
-its measured seconds), except the full-width rehearsal's (marked full_width too), which run last, one at a time. A test that takes more than a few seconds
-of the fast stage is made cheaper, or marked slow saying why. Fast tests run beside each other in two processes:
-what a test writes goes under tmp_path (of the engine's own caches, the Engram map in .cache/ is written atomically,
-torch's extension cache under its lock), and what it changes in the environment, through monkeypatch.
+where it is written (`pytestmark = pytest.mark.slow` in a module, `@pytest.mark.slow` on a test, each with why and its
+measured seconds), except the full-width rehearsal's (marked full_width too), which run last, one at a time. A test that
+takes more than a few seconds of the fast stage is made cheaper, or marked slow saying why. Fast tests run beside each
+other in two processes: what a test writes goes under tmp_path (of the engine's own caches, the Engram map in .cache/ is
+written atomically, torch's extension cache under its lock), and what it changes in the environment, through
+monkeypatch.
 """
 from __future__ import annotations
 
