@@ -90,7 +90,7 @@ def mhc(c: Collector) -> None:
             base = c.get(f"{p}.hc_{site}_base", module)
             scale = c.get(f"{p}.hc_{site}_scale", module)
             if base is not None:
-                base = base.double()
+                base = base.float()   # the model mixes in fp32
                 name = f"{p}.hc_{site}_base"
                 c.add_many(module, name, layer, "stream", "pre", torch.sigmoid(base[:hc]) + a.hc_eps)
                 c.add_many(module, name, layer, "stream", "post", 2 * torch.sigmoid(base[hc:2 * hc]))
@@ -104,7 +104,7 @@ def mhc(c: Collector) -> None:
             if c.wanted(name):
                 base = c.get(name, prefix + "hc_head" if prefix else "hc_head")
                 if base is not None:
-                    c.add_many("hc_head", name, layer, "stream", "pre", torch.sigmoid(base.double()) + a.hc_eps)
+                    c.add_many("hc_head", name, layer, "stream", "pre", torch.sigmoid(base.float()) + a.hc_eps)
 
 
 def attention_sink(c: Collector) -> None:
