@@ -147,6 +147,18 @@ class WeightReader:
             return dequantize_fp4(t, self.tensor(scale_name(name)))
         return t.float()
 
+    def weight_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of a weight as float32, reading only the blocks of rows (and their scales) that hold
+        them: a statistic over a large matrix goes through it a slice at a time."""
+        code = self.entries[name][1] if name in self.entries else None
+        if code == "F8_E4M3" or (code == "I8" and self.has(scale_name(name))):
+            b0, b1 = scale_block(name, code, self.args)
+            low, high = start - start % b0, min(-(-stop // b0) * b0, self.shape(name)[0])   # whole blocks of rows
+            w, s = self.rows(name, low, high), self.rows(scale_name(name), low // b0, -(-high // b0))
+            full = dequantize_fp8(w, s, (b0, b1)) if code == "F8_E4M3" else dequantize_fp4(w, s)
+            return full[start - low: stop - low]
+        return self.rows(name, start, stop).float()
+
     def _file(self, name: str):
         reason = self.absence(name)
         if reason is not None:

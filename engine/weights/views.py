@@ -16,6 +16,7 @@ from .reader import WeightReader, module_path
 
 ENGRAM_SAMPLE_BLOCKS = 4      # contiguous blocks of rows read from each Engram column's hash table
 ENGRAM_BLOCK_ROWS = 64        # rows per block: 256 rows a column (hashing spreads n-grams over a table evenly)
+SLICE_ROWS = 1024             # rows of a large matrix dequantized at once (the release's main_proj: 60 MiB as float)
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,8 @@ def norms(c: Collector) -> None:
 
 def engram(c: Collector) -> None:
     """Engram's hash tables from a sample of rows per column (n-gram size × head): row length, value spread and the
-    share of all-zero rows (buckets no n-gram trained); and its gate projections' lengths per stream (q, k) and
-    the key / value blocks of wkv."""
+    share of all-zero rows (buckets no n-gram trained); and its gate projections' lengths per stream (q, k). Its
+    key / value projection wkv is left out: 150 MiB a layer in the release for a handful of norms."""
     a = c.reader.args
     if not a.has_engram:
         c.result.notes.append("this config has no Engram layers")
@@ -161,10 +162,6 @@ def engram(c: Collector) -> None:
             t = c.get(f"{module}.{which}", module)
             if t is not None:
                 c.add_many(module, f"{module}.{which}", layer, "stream", "row_norm", t.float().norm(dim=1))
-        wkv = c.get(f"{module}.wkv.weight", module, WeightReader.weight)
-        if wkv is not None:   # [(hc + 1)·dim, columns·head_dim]: a key per stream, then the shared value
-            c.add_many(module, f"{module}.wkv.weight", layer, "block", "norm", wkv.view(a.hc_mult + 1, a.dim, -1)
-                       .norm(dim=(1, 2)))
 
 
 def _engram_sample(c: Collector, table: str, start: int, size: int) -> torch.Tensor | None:
@@ -189,8 +186,9 @@ def _engram_sample(c: Collector, table: str, start: int, size: int) -> torch.Ten
 
 def dspark(c: Collector) -> None:
     """The drafter's learned heads: the Markov head's singular values (W1, W2 [vocab, rank] and their product, the
-    bigram logit matrix W1·W2ᵀ of rank r), the confidence head's weights on the hidden state and on the Markov
-    features, and main_proj's blocks per tapped layer."""
+    bigram logit matrix W1·W2ᵀ of rank r, all from the rank × rank Gram matrices, the factors read a slice at a
+    time), the confidence head's weights on the hidden state and on the Markov features, and main_proj's blocks per
+    tapped layer."""
     a = c.reader.args
     if not a.has_dspark or not a.n_draft_stages:
         c.result.notes.append("this config has no DSpark drafter")
@@ -198,16 +196,16 @@ def dspark(c: Collector) -> None:
     last = f"mtp.{a.n_draft_stages - 1}"
     layer = a.n_layers + a.n_draft_stages - 1
     module = f"{last}.markov_head"
-    factors = []
+    grams = []
     for w in family_roles(a).markov_names:
         name = f"{module}.{w}.weight"
-        t = c.get(name, module, WeightReader.weight)
-        if t is not None:
-            c.add_many(module, name, layer, "k", "singular_value", torch.linalg.svdvals(t.double()))
-            factors.append(t.double())
-    if len(factors) == 2:   # W1·W2ᵀ = Q1 R1 (Q2 R2)ᵀ: its singular values are those of R1·R2ᵀ [rank, rank]
-        r1, r2 = (torch.linalg.qr(f, mode="r")[1] for f in factors)
-        c.add_many(module, module, layer, "k", "product_singular_value", torch.linalg.svdvals(r1 @ r2.T))
+        gram = _gram(c, name, module)
+        if gram is not None:   # σ(W) = sqrt(eigenvalues of WᵀW), largest first
+            c.add_many(module, name, layer, "k", "singular_value", _sqrt_eigenvalues(gram))
+            grams.append(gram)
+    if len(grams) == 2:   # σ(W1·W2ᵀ)² = eigenvalues of G1^½ G2 G1^½ (those of G1·G2), G = WᵀW [rank, rank]
+        root = _sqrt_psd(grams[0])
+        c.add_many(module, module, layer, "k", "product_singular_value", _sqrt_eigenvalues(root @ grams[1] @ root))
     name = f"{last}.confidence_head.proj.weight"
     t = c.get(name, f"{last}.confidence_head", WeightReader.weight)
     if t is not None:
@@ -216,10 +214,40 @@ def dspark(c: Collector) -> None:
             c.add(f"{last}.confidence_head", name, layer, "part", part, "norm", piece.norm())
         c.add_many(f"{last}.confidence_head", name, layer, "input", "weight", w)
     name = "mtp.0.main_proj.weight"
-    t = c.get(name, "mtp.0.main_proj", WeightReader.weight)
-    if t is not None:   # [dim, taps·dim] → one block per tapped layer
-        c.add_many("mtp.0.main_proj", name, a.n_layers, "tap", "norm",
-                   t.view(a.dim, len(a.dspark_target_layer_ids), a.dim).norm(dim=(0, 2)))
+    if c.available(name, "mtp.0.main_proj"):   # [dim, taps·dim] → one block per tapped layer, a slice at a time
+        taps, squares = len(a.dspark_target_layer_ids), torch.zeros(len(a.dspark_target_layer_ids), dtype=torch.float64)
+        rows = c.reader.shape(name)[0]
+        for start in range(0, rows, SLICE_ROWS):
+            part = c.get(name, "mtp.0.main_proj", lambda r, n: r.weight_rows(n, start, min(rows, start + SLICE_ROWS)))
+            if part is None:
+                return
+            squares += part.double().view(part.size(0), taps, -1).square().sum(dim=(0, 2))   # [rows, taps, dim]
+        c.add_many("mtp.0.main_proj", name, a.n_layers, "tap", "norm", squares.sqrt())
+
+
+def _gram(c: Collector, name: str, module: str) -> torch.Tensor | None:
+    """WᵀW [cols, cols] in float64, W read SLICE_ROWS rows at a time (the release's Markov factors: 129,280 rows)."""
+    if not c.available(name, module):
+        return None
+    rows = c.reader.shape(name)[0]
+    gram = None
+    for start in range(0, rows, SLICE_ROWS):
+        part = c.get(name, module, lambda r, n: r.weight_rows(n, start, min(rows, start + SLICE_ROWS)))
+        if part is None:
+            return None
+        part = part.double()
+        gram = part.T @ part if gram is None else gram + part.T @ part
+    return gram
+
+
+def _sqrt_eigenvalues(symmetric: torch.Tensor) -> torch.Tensor:
+    """sqrt of a symmetric PSD matrix's eigenvalues, largest first (rounding's tiny negatives read as 0)."""
+    return torch.linalg.eigvalsh(symmetric).clamp_min(0).flip(0).sqrt()
+
+
+def _sqrt_psd(symmetric: torch.Tensor) -> torch.Tensor:
+    values, vectors = torch.linalg.eigh(symmetric)
+    return vectors @ torch.diag(values.clamp_min(0).sqrt()) @ vectors.T
 
 
 VIEWS = {v.name: v for v in (
@@ -231,7 +259,7 @@ VIEWS = {v.name: v for v in (
     View("attention_sink", "Attention sinks", ("attention",), "attn_sink per head per layer", attention_sink),
     View("norms", "Norm gains", ("rmsnorm", "draft_norm", "main_norm", "compressor", "indexer"),
          "mean, spread and range of every RMSNorm weight", norms),
-    View("engram", "Engram", ("engram",), "sampled table rows, gate projections", engram),
+    View("engram", "Engram", ("engram",), "sampled table rows, gate projections (q, k)", engram),
     View("dspark", "DSpark heads", ("markov_head", "confidence_head", "main_proj"),
          "Markov head singular values, confidence head", dspark),
 )}

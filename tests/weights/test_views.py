@@ -61,8 +61,7 @@ def test_engram_statistics_come_from_the_sampled_rows_only(official):
     row_bytes = r.nbytes(table) // r.shape(table)[0] + r.nbytes(table.replace("weight", "scale")) // r.shape(table)[0]
     table_reads = len(a.engram_layer_ids) * n_columns * per_column * row_bytes
     gates = sum(r.nbytes(f"layers.{i}.engram.{w}") for i in a.engram_layer_ids for w in ("q_weight", "k_weight"))
-    wkv = sum(r.nbytes(f"layers.{i}.engram.wkv.{w}") for i in a.engram_layer_ids for w in ("weight", "scale"))
-    assert result.bytes_read == table_reads + gates + wkv
+    assert result.bytes_read == table_reads + gates
     assert table_reads < r.nbytes(table) / 2
     first = dequantize_engram_rows(WeightReader(official).rows(table, 0, ENGRAM_BLOCK_ROWS),
                                    WeightReader(official).rows(table.replace("weight", "scale"), 0, ENGRAM_BLOCK_ROWS))
@@ -81,6 +80,21 @@ def test_dspark_product_singular_values_are_those_of_w1_w2t(official):
     assert torch.allclose(got, want, rtol=1e-6)
     conf = r.weight(f"mtp.{a.n_draft_stages - 1}.confidence_head.proj.weight").reshape(-1)
     assert values(result, "norm")[:2] == [float(conf[: a.dim].double().norm()), float(conf[a.dim:].double().norm())]
+    main = r.weight("mtp.0.main_proj.weight").double().view(a.dim, len(a.dspark_target_layer_ids), a.dim)
+    assert torch.allclose(torch.tensor(values(result, "norm", "mtp.0.main_proj.weight"), dtype=torch.float64),
+                          main.norm(dim=(0, 2)))
+
+
+def test_weight_rows_dequantize_only_the_blocks_they_need(official):
+    r = WeightReader(official)
+    name = "layers.2.attn.wq_b.weight"   # FP8 with [b0, b1] block scales
+    whole = r.weight(name)
+    before = r.bytes_read
+    part = r.weight_rows(name, 5, 9)
+    b0 = r.args.weight_block_size[0]
+    assert part.equal(whole[5:9])
+    assert r.bytes_read - before == b0 * r.shape(name)[1] + r.nbytes(name.replace("weight", "scale")) // \
+        r.shape(name.replace("weight", "scale"))[0]
 
 
 def test_sinks_and_norms_are_per_layer_per_head(official):
