@@ -46,7 +46,7 @@ def test_a_partial_folder_shows_the_selected_box_and_compares(official, tmp_path
     assert at.segmented_control(key="weights_view").value == "router"
     assert len(at.get("plotly_chart")) >= 1
     assert "Read so far from" in shown and " of " in shown
-    reader = weights_view._reader(str(folder))   # the page's reader (the cache is this process's)
+    reader = weights_view._reader(str(folder), weights_view._fingerprint(str(folder)))   # the page's (this process)
     assert reader.read_names and not [n for n in reader.read_names if ".ffn.experts." in n]
     at.text_input(key="weights_other").input(str(changed)).run()
     assert "Comparison" in text(at) and not at.exception
@@ -55,6 +55,9 @@ def test_a_partial_folder_shows_the_selected_box_and_compares(official, tmp_path
     assert not [n for n in reader.read_names if ".ffn.experts." in n]
     at.button(key="weights_experts_go_a").click().run()
     assert not at.exception and [n for n in reader.read_names if ".ffn.experts." in n]
+    (folder / "model-00004-of-00004.safetensors").unlink()   # the folder changed: the page reads it afresh
+    at.run()
+    assert "2 of 4 shard(s) here" in text(at) and not at.exception
     assert "norm_w1" in "".join(str(c.proto) for c in at.get("plotly_chart"))
 
 

@@ -5,6 +5,7 @@ folder is given: the page's first view stays light."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +24,7 @@ from .url_state import ViewState
 FOLDER, OTHER, CHOICE = "weights_folder", "weights_other", "weights_view"
 EXPERTS_ON = "weights_experts_on"        # folders whose expert norms the user asked for
 CHART = {"displayModeBar": False}
+MAX_STORED = 64                          # views' statistics kept (of any folders), shared by the sessions
 SHAPES = ("n_layers", "dim", "n_routed_experts", "hc_mult", "family")
 
 
@@ -74,18 +76,30 @@ def _path(text: str) -> str:
     return str(Path(text.strip()).expanduser()) if text.strip() else ""
 
 
+def _fingerprint(folder: str) -> tuple:
+    """What the folder holds now (its files' names, sizes and times): a shard downloaded or replaced since the
+    folder was opened gives a fresh reader and fresh statistics."""
+    try:
+        with os.scandir(folder) as entries:
+            return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries
+                                if e.name.endswith((".safetensors", ".json")) and e.is_file()))
+    except OSError:
+        return ()
+
+
 def _open(folder: str):
     from engine.checkpoint.errors import CheckpointError
     try:
-        return _reader(folder)
+        return _reader(folder, _fingerprint(folder))
     except (CheckpointError, InputError, OSError) as e:
         st.error(f"Cannot open {literal(folder)}: {literal(str(e), 600)}")
         return None
 
 
 @st.cache_resource(max_entries=4, show_spinner="Reading the shards' headers…")
-def _reader(folder: str):
-    """One reader per folder, shared by the sessions (its byte count is the page's, since it was opened)."""
+def _reader(folder: str, fingerprint: tuple):
+    """One reader per folder as it is now, shared by the sessions (its byte count is the page's, since it was
+    opened)."""
     from engine.weights.reader import WeightReader
     return WeightReader(folder)
 
@@ -98,9 +112,12 @@ def _store() -> dict:
 
 def _result(folder: str, name: str):
     from engine.weights.views import EXPERTS, run_view
-    store, key = _store(), (folder, name)
+    fingerprint = _fingerprint(folder)
+    store, key = _store(), (folder, fingerprint, name)
     if key not in store:
-        reader = _reader(folder)
+        while len(store) >= MAX_STORED:   # the oldest first (dicts keep their order)
+            store.pop(next(iter(store)))
+        reader = _reader(folder, fingerprint)
         if name != EXPERTS:
             with st.spinner("Reading the tensors this view shows…"):
                 store[key] = run_view(reader, name)
