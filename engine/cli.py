@@ -9,7 +9,7 @@ from .spec.errors import EngineError
 
 # One module per subcommand; each defines HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = ("info", "tokenizer", "generate", "bench", "prepare_data", "train", "card", "train_drafter", "continuations",
-            "plan", "quantize", "limits")
+            "plan", "quantize", "limits", "weights")
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Architecture page: the diagram drawn from config.json, module details and accounting; painted with a run's facts."""
 import streamlit as st
 
-from v41viz.ui import arch_details, architecture_page, overlay_controls
+from v41viz.ui import arch_details, architecture_page, overlay_controls, weights_view
 from v41viz.ui.sidebar import current_view, page_setup
 
 page_setup("Architecture")
@@ -23,5 +23,6 @@ with left:
 with right:
     with st.container(border=True, key="details_panel"):
         arch_details.details(config_key, view, index, state, live)
+weights_view.section(view, index, state)
 architecture_page.accounting_tabs(view)
 architecture_page.memory_plan_section(config_key, view)

@@ -216,6 +216,33 @@ def rehearsal(r: dict, view: str) -> list[str]:
                        f"then {s['decode']} tokens with DSpark."]
 
 
+def weights(r: dict, view: str) -> list[str]:
+    """scripts/bench_weights.py: each Learned weights view's bytes read and time, whole folders and half-shard
+    ones; view `summary`: per folder, the default views together against the expert norms."""
+    def size(n: int) -> str:
+        return f"{n / 2**20:,.2f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB" if n >= 2**10 else f"{n:,} B"
+    if view == "summary":
+        folders = list(dict.fromkeys(row["folder"] for row in r["rows"]))
+        out = []
+        for f in folders:
+            rows = [row for row in r["rows"] if row["folder"] == f]
+            default = [row for row in rows if not row["view"].startswith("experts")]
+            experts = next(row for row in rows if row["view"] == "experts")
+            read = sum(row["bytes_read"] for row in default)
+            out.append([f, f"{rows[0]['shards_here']} of {rows[0]['shards']}", size(rows[0]["total_bytes"]),
+                        f"{size(read)} ({100 * read / rows[0]['total_bytes']:.2f} %)",
+                        f"{sum(row['seconds'] for row in default):.2f}",
+                        f"{size(experts['bytes_read'])} ({100 * experts['bytes_read'] / rows[0]['total_bytes']:.1f} %)",
+                        f"{experts['seconds']:.2f}"])
+        return table(["folder", "shards here", "checkpoint", "every view but the experts: read", "seconds",
+                      "expert norms: read", "seconds"], out)
+    return table(["folder", "shards here", "view", "bytes read", "of the checkpoint", "reads", "seconds",
+                  "statistics", "boxes absent"],
+                 [[row["folder"], f"{row['shards_here']} of {row['shards']}", row["view"], size(row["bytes_read"]),
+                   f"{100 * row['bytes_read'] / row['total_bytes']:.3f} %", f"{row['reads']:,}",
+                   f"{row['seconds']:.3f}", f"{row['statistics']:,}", row["absent_boxes"]] for row in r["rows"]])
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -231,7 +258,7 @@ def card(c: dict) -> list[str]:
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
              "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan,
-             "rehearsal": rehearsal}
+             "rehearsal": rehearsal, "weights": weights}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:
