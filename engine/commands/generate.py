@@ -151,7 +151,8 @@ def generate_text(args: argparse.Namespace) -> int:
                             "n_routed_experts": engine.args.n_routed_experts,
                             "n_activated_experts": engine.args.n_activated_experts,
                             "engram_max_ngram_size": engine.args.engram_max_ngram_size,
-                            "n_hash_layers": engine.args.n_hash_layers})
+                            "n_hash_layers": engine.args.n_hash_layers,
+                            "vocab_size": engine.args.vocab_size})   # token ids are checked below it on load
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     where = args.device + (", routed experts on the host" if args.experts == "host" else "")
     print(f"[{engine.args.name or 'model'} · {engine.source} · {where}]", file=sys.stderr)
