@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..request import GenerationRequest, SamplingParams
-from ..request.interventions import check_interventions, parse_intervention
+from ..request.interventions import MAX_INTERVENTIONS, check_interventions, parse_intervention
 from ..request.sampling import check_repetition, check_sampling
 from ..request.schedules import SCHEDULES
 from ..spec.config import load_config
@@ -201,6 +201,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_repetition(args.repetition_penalty, args.no_repeat_ngram, names=("--repetition-penalty", "--no-repeat-ngram"))
     check_fraction(args.threshold, "--threshold")
     check_at_least(args.trace_max_tokens, 1, "--trace-max-tokens")
+    if len(args.intervene) > MAX_INTERVENTIONS:
+        raise InputError(f"--intervene is given {len(args.intervene):,} times; a run takes at most {MAX_INTERVENTIONS}")
     for spec in args.intervene:
         try:
             parse_intervention(spec)

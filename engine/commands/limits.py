@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..checkpoint.header import MAX_HEADER_BYTES
 from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
+from ..request import interventions
 from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
 from ..spec import limits as config
 from ..text.prompt_text import MAX_TOKEN_CHARS
@@ -42,6 +43,9 @@ def lines() -> list[str]:
         f"- arguments: temperature 0 (greedy) or at least {MIN_TEMPERATURE:g}; seed 0..{MAX_SEED:,}; threads up to "
         "the machine's CPU count; device `cpu`, `cuda` or `cuda:N` of an existing GPU; an output path whose folder "
         "exists and is writable, checked before generating",
+        f"- what-if changes (`--intervene`, the app's form, a link's `intervene=`): at most "
+        f"{interventions.MAX_TEXT_CHARS} characters each, numbers of at most {interventions.MAX_DIGITS} digits, "
+        f"{interventions.MAX_INTERVENTIONS} per run, each valid for the model and given once",
         f"- traces: {trace.describe()}",
         f"- app uploads: {upload_mb} MB per file (`.streamlit/config.toml`), then the limits above",
     ]

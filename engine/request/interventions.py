@@ -20,7 +20,14 @@ WHAT = {"engram-off": "switch off Engram at layer {layer}", "ban-expert": "ban e
         "mhc-identity": "pin the mHC mixing matrices to the identity at layer {layer}",
         "no-candidate-filter": "skip the indexer's candidate filter",
         "drop-stage": "drop DSpark stage {layer}"}
-SPAN = re.compile(r"(\d+)(?:(-)(\d*))?")
+SPAN = re.compile(r"([0-9]{1,9})(?:(-)([0-9]{0,9}))?", re.ASCII)
+# Bounds on the text a user gives (--intervene, the app's what-if form, a link's intervene=): the longest canonical
+# text is about 40 characters ('no-candidate-filter@16777215-16777216'); numbers of at most 9 digits reach past
+# every layer, expert and position a config may declare (engine/spec/limits.py); a run's list stays short enough
+# that checking each against the earlier ones (quadratic) is instant.
+MAX_TEXT_CHARS = 64
+MAX_DIGITS = 9
+MAX_INTERVENTIONS = 64
 EXAMPLES = "engram-off:L, ban-expert:L:E, force-expert:L:E, mhc-identity:L, no-candidate-filter, drop-stage:K"
 
 
@@ -106,6 +113,9 @@ def parse_intervention(text: str) -> Intervention:
     if not isinstance(text, str):
         raise InputError(f"an intervention must be text such as 'ban-expert:3:5@12', got {type(text).__name__}")
     raw = text.strip()
+    if len(raw) > MAX_TEXT_CHARS:
+        raise InputError(f"intervention {raw[:40]!r}… has {len(raw):,} characters; one is at most {MAX_TEXT_CHARS} "
+                         f"(such as 'ban-expert:3:5@12')")
     body, at, span = raw.partition("@")
     kind, *numbers = body.split(":")
     if kind not in KINDS:
@@ -117,15 +127,17 @@ def parse_intervention(text: str) -> Intervention:
         raise InputError(f"intervention {raw!r}: '{kind}' is written {form}")
     values = {}
     for name, number in zip(names, numbers):
+        word = "stage" if kind == "drop-stage" else name
         if not number.isdigit() or not number.isascii():
-            word = "stage" if kind == "drop-stage" else name
             raise InputError(f"intervention {raw!r}: {word} {number!r} is not a whole number ≥ 0")
+        if len(number) > MAX_DIGITS:
+            raise InputError(f"intervention {raw!r}: {word} {number} has more than {MAX_DIGITS} digits")
         values[name] = int(number)
     if at:
         match = SPAN.fullmatch(span)
         if not match or not span.isascii():
-            raise InputError(f"intervention {raw!r}: positions {span!r} must be P, P-Q or P- (token positions, "
-                             "0 = the first prompt token)")
+            raise InputError(f"intervention {raw!r}: positions {span!r} must be P, P-Q or P- (token positions of at "
+                             f"most {MAX_DIGITS} digits, 0 = the first prompt token)")
         first, dash, last = match.groups()
         values["first"] = int(first)
         values["last"] = int(first) if not dash else (int(last) if last else None)
@@ -143,6 +155,8 @@ def check_interventions(items: Iterable["Intervention | str"], args: "ModelArgs"
     """Parse and validate interventions against a config; InputError names the item and the problem."""
     out: list[Intervention] = []
     for item in items:
+        if len(out) == MAX_INTERVENTIONS:
+            raise InputError(f"more than {MAX_INTERVENTIONS} interventions; a run takes at most {MAX_INTERVENTIONS}")
         iv = as_intervention(item)
         problem = _problem(iv, args)
         if problem is None:
