@@ -59,7 +59,8 @@ CORPUS = [
     ("position-1e9-ok-range", ["engram-off:1@999999999-"], None),
     # ---- duplicated and contradictory ----
     ("twice", ["engram-off:1", "engram-off:1"], "intervention 'engram-off:1': is given twice"),
-    ("twice-canonical", ["ban-expert:2:1@4", " ban-expert:2:1@4-4 "], "intervention 'ban-expert:2:1@4': is given twice"),
+    ("twice-canonical", ["ban-expert:2:1@4", " ban-expert:2:1@4-4 "],
+     "intervention 'ban-expert:2:1@4': is given twice"),
     ("ban-and-force", ["ban-expert:2:1", "force-expert:2:1@3-"], "expert 1 is both banned and forced at layer 2"),
     ("force-beyond-top-k", ["force-expert:2:1", "force-expert:2:3", "force-expert:2:5"],
      "forces 3 experts at layer 2 at token 0, more than the top-k (2)"),
