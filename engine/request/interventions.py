@@ -44,7 +44,7 @@ class Intervention:
     def __post_init__(self) -> None:
         problem = self.shape_problem()
         if problem:
-            raise InputError(f"intervention '{self.kind}': {problem}")
+            raise InputError(f"intervention {str(self.kind)[:40]!r}: {problem}")
 
     def shape_problem(self) -> str | None:
         """What makes the fields inconsistent for the kind (None: nothing); a config is checked separately."""
@@ -114,36 +114,42 @@ def parse_intervention(text: str) -> Intervention:
         raise InputError(f"an intervention must be text such as 'ban-expert:3:5@12', got {type(text).__name__}")
     raw = text.strip()
     if len(raw) > MAX_TEXT_CHARS:
-        raise InputError(f"intervention {raw[:40]!r}… has {len(raw):,} characters; one is at most {MAX_TEXT_CHARS} "
+        raise InputError(f"intervention {_shown(raw)} has {len(raw):,} characters; one is at most {MAX_TEXT_CHARS} "
                          f"(such as 'ban-expert:3:5@12')")
     body, at, span = raw.partition("@")
     kind, *numbers = body.split(":")
     if kind not in KINDS:
-        raise InputError(f"intervention {raw!r}: unknown kind {kind!r}; write one of {EXAMPLES} "
+        raise InputError(f"intervention {_shown(raw)}: unknown kind {_shown(kind)}; write one of {EXAMPLES} "
                          "(optionally followed by @P, @P-Q or @P-)")
     names = FIELDS[kind]
     if len(numbers) != len(names):
         form = ":".join([kind] + [{"layer": "K" if kind == "drop-stage" else "L", "expert": "E"}[n] for n in names])
-        raise InputError(f"intervention {raw!r}: '{kind}' is written {form}")
+        raise InputError(f"intervention {_shown(raw)}: '{kind}' is written {form}")
     values = {}
     for name, number in zip(names, numbers):
         word = "stage" if kind == "drop-stage" else name
         if not number.isdigit() or not number.isascii():
-            raise InputError(f"intervention {raw!r}: {word} {number!r} is not a whole number ≥ 0")
+            raise InputError(f"intervention {_shown(raw)}: {word} {_shown(number)} is not a whole number ≥ 0")
         if len(number) > MAX_DIGITS:
-            raise InputError(f"intervention {raw!r}: {word} {number} has more than {MAX_DIGITS} digits")
+            raise InputError(f"intervention {_shown(raw)}: {word} {number} has more than {MAX_DIGITS} digits")
         values[name] = int(number)
     if at:
         match = SPAN.fullmatch(span)
         if not match or not span.isascii():
-            raise InputError(f"intervention {raw!r}: positions {span!r} must be P, P-Q or P- (token positions of at "
-                             f"most {MAX_DIGITS} digits, 0 = the first prompt token)")
+            raise InputError(f"intervention {_shown(raw)}: positions {_shown(span)} must be P, P-Q or P- (token "
+                             f"positions of at most {MAX_DIGITS} digits, 0 = the first prompt token)")
         first, dash, last = match.groups()
         values["first"] = int(first)
         values["last"] = int(first) if not dash else (int(last) if last else None)
     if values.get("last") is not None and values["last"] < values["first"]:
-        raise InputError(f"intervention {raw!r}: position range {span} ends before it starts")
+        raise InputError(f"intervention {_shown(raw)}: position range {_shown(span)[1:-1]} ends before it starts")
     return Intervention(kind, **values)
+
+
+def _shown(text: str) -> str:
+    """A part of a spec for a message: its repr, cut to 40 characters (escapes make a repr up to 10× the text)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:38] + "…'"
 
 
 def as_intervention(item: "Intervention | str") -> Intervention:
