@@ -36,7 +36,8 @@ def lines() -> list[str]:
         "memory available (`engine/plan/memory_fit.py`)",
         f"- checkpoints: safetensors headers up to {MAX_HEADER_BYTES // mib} MiB, checked (dtypes, shapes, offsets) "
         f"before any tensor is read; a shard index up to {MAX_INDEX_BYTES // mib} MiB naming at most {MAX_SHARDS:,} "
-        f"shards, all inside the checkpoint folder; `id_map.json` up to {MAX_ID_MAP_BYTES // mib} MiB; every "
+        f"shards, all inside the checkpoint folder, each tensor in the one shard the index names; `id_map.json` up to "
+        f"{MAX_ID_MAP_BYTES // mib} MiB; every "
         "weight and scale finite",
         f"- prompts: valid Unicode, not blank, at most {MAX_TOKEN_CHARS} × max_seq_len characters (refused before "
         "tokenizing) and max_seq_len tokens with the new tokens",
