@@ -172,7 +172,7 @@ url_value = st.one_of(st.text(max_size=60), st.from_regex(r"[0-9]{1,14}(\.[0-9]{
                       st.lists(SPEC_ALPHABET, max_size=10).map("".join))
 URL_KEYS = ["model", "prompt", "pid", "max_new", "temperature", "top_p", "top_k", "seed", "attention", "dspark",
             "schedule", "threshold", "rep_penalty", "no_repeat", "intervene", "panel", "node", "layer", "seam",
-            "token", "arch", "other"]
+            "token", "arch", "run", "other"]
 
 
 @PROPERTY
@@ -183,3 +183,4 @@ def test_any_link_parses_to_values_in_range_and_notes_never_an_exception(params)
     assert len(link.interventions) <= MAX_CHANGES
     assert all(parse_intervention(t).text == t for t in link.interventions)
     assert link.token is None or 0 <= link.token <= 10**7
+    assert link.run_id == "" or (len(link.run_id) == 16 and int(link.run_id, 16) >= 0)
