@@ -9,6 +9,8 @@ from v41viz.ui.sidebar import page_setup
 
 page_setup("Inspect", config_picker=False)
 link = inspect_link.read_link()
+if inspect_page.open_stored_run(link.run_id):
+    inspect_link.run_started()   # the run itself is shown: the link's offer to run it again is not needed
 choice = inspect_page.model_sidebar(link.model)
 inspect_link.take_jump()
 st.title("Inspect a generation")
@@ -23,6 +25,7 @@ if settings is not None and inspect_stream.start(slot, settings):
 inspect_stream.watch(choice.key)
 with st.expander("Replay a saved trace", expanded=False):
     inspect_page.replay_upload()
+    inspect_page.store_caption()
 inspect_page.upload_error()
 run = inspect_page.current_run(choice.key)
 if run is None:
@@ -38,7 +41,7 @@ else:   # a replayed trace of a model this server does not run: its diagram when
 panel, node, pos = inspect_panels.selection(run, slot.args, choice.key)
 token_text = text_lookup(run.trace, slot.engine.tokenizer.token_text if same_model else None)
 inspect_panels.token_detail(run, pos, token_text)
-view: dict[str, object] = {"panel": panel, "node": node or "", "token": pos}
+view: dict[str, object] = {"panel": panel, "node": node or "", "token": pos, "run": run.store_id}
 if panel == "Experts":
     inspect_panels.experts(run, config_key, node, pos)
 elif panel == "mHC":

@@ -27,6 +27,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_store(tmp_path_factory):
+    """The app's run store (v41viz.inspect.run_store) in a folder of this test session, not the user's cache: set
+    in the environment before any app or Streamlit server of the session starts, so they all inherit it."""
+    os.environ["V41VIZ_RUN_STORE"] = str(tmp_path_factory.mktemp("run_store"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

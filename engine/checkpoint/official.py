@@ -133,7 +133,28 @@ class OfficialCheckpoint:
         if shard not in self._headers:
             entries = read_safetensors_header(self.folder / shard).entries
             self._headers[shard] = {n: (e.code, e.shape) for n, e in entries.items()}
+            if (self.folder / INDEX_NAME).is_file():
+                self._check_against_index(shard)
         return self._headers[shard]
+
+    def _check_against_index(self, shard: str) -> None:
+        """Every tensor a shard's header holds is one the index maps to this shard: a tensor unlisted, or also
+        stored in another shard, means the index and the shards disagree on what the checkpoint is (which copy
+        is meant?), so it is refused, naming the tensors, rather than one copy read and the other ignored."""
+        problems = []
+        for name in self._headers[shard]:
+            mapped = self.weight_map.get(name)
+            if mapped is None:
+                problems.append(f"shard {shard} holds '{name}', which {INDEX_NAME} does not list")
+            elif mapped != shard and (self.folder / mapped).is_file():   # a missing shard: locate names it
+                held = name in self._header(mapped)
+                problems.append(f"'{name}' is stored in shard {shard} as well as in shard {mapped} (the index maps it "
+                                f"to {mapped}); a tensor lives in one shard" if held else
+                                f"'{name}' is stored in shard {shard}, but the index maps it to shard {mapped}")
+            if len(problems) == 4:
+                break
+        if problems:
+            raise CheckpointError(f"{self.folder}: the shards disagree with {INDEX_NAME}: " + "; ".join(problems))
 
     def locate(self, names: Iterable[str], inventory: dict[str, TensorSpec]) -> dict[str, Located]:
         """Check every named tensor against its inventory spec (dtype, shape; a scale against its weight) and

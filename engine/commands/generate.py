@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..request import GenerationRequest, SamplingParams
-from ..request.interventions import check_interventions, parse_intervention
+from ..request.interventions import MAX_INTERVENTIONS, check_interventions, parse_intervention
 from ..request.request import PREFILL_CHUNK
 from ..request.sampling import check_repetition, check_sampling
 from ..request.schedules import SCHEDULES
@@ -156,7 +156,8 @@ def generate_text(args: argparse.Namespace) -> int:
                             "n_routed_experts": engine.args.n_routed_experts,
                             "n_activated_experts": engine.args.n_activated_experts,
                             "engram_max_ngram_size": engine.args.engram_max_ngram_size,
-                            "n_hash_layers": engine.args.n_hash_layers})
+                            "n_hash_layers": engine.args.n_hash_layers,
+                            "vocab_size": engine.args.vocab_size})   # token ids are checked below it on load
     engine.encode_prompt(args.prompt, not args.no_bos, "--prompt")  # too many tokens: refused before any output
     where = args.device + (", routed experts on the host" if args.experts == "host" else "")
     print(f"[{engine.args.name or 'model'} · {engine.source} · {where}]", file=sys.stderr)
@@ -206,6 +207,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_repetition(args.repetition_penalty, args.no_repeat_ngram, names=("--repetition-penalty", "--no-repeat-ngram"))
     check_fraction(args.threshold, "--threshold")
     check_at_least(args.trace_max_tokens, 1, "--trace-max-tokens")
+    if len(args.intervene) > MAX_INTERVENTIONS:
+        raise InputError(f"--intervene is given {len(args.intervene):,} times; a run takes at most {MAX_INTERVENTIONS}")
     for spec in args.intervene:
         try:
             parse_intervention(spec)

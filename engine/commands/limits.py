@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..checkpoint.header import MAX_HEADER_BYTES
 from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
+from ..request import interventions
 from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
 from ..spec import limits as config
 from ..text.prompt_text import MAX_TOKEN_CHARS
@@ -35,13 +36,17 @@ def lines() -> list[str]:
         "memory available (`engine/plan/memory_fit.py`)",
         f"- checkpoints: safetensors headers up to {MAX_HEADER_BYTES // mib} MiB, checked (dtypes, shapes, offsets) "
         f"before any tensor is read; a shard index up to {MAX_INDEX_BYTES // mib} MiB naming at most {MAX_SHARDS:,} "
-        f"shards, all inside the checkpoint folder; `id_map.json` up to {MAX_ID_MAP_BYTES // mib} MiB; every "
+        f"shards, all inside the checkpoint folder, each tensor in the one shard the index names; `id_map.json` up to "
+        f"{MAX_ID_MAP_BYTES // mib} MiB; every "
         "weight and scale finite",
         f"- prompts: valid Unicode, not blank, at most {MAX_TOKEN_CHARS} × max_seq_len characters (refused before "
         "tokenizing) and max_seq_len tokens with the new tokens",
         f"- arguments: temperature 0 (greedy) or at least {MIN_TEMPERATURE:g}; seed 0..{MAX_SEED:,}; threads up to "
         "the machine's CPU count; device `cpu`, `cuda` or `cuda:N` of an existing GPU; an output path whose folder "
         "exists and is writable, checked before generating",
+        f"- what-if changes (`--intervene`, the app's form, a link's `intervene=`): at most "
+        f"{interventions.MAX_TEXT_CHARS} characters each, numbers of at most {interventions.MAX_DIGITS} digits, "
+        f"{interventions.MAX_INTERVENTIONS} per run, each valid for the model and given once",
         f"- traces: {trace.describe()}",
         f"- app uploads: {upload_mb} MB per file (`.streamlit/config.toml`), then the limits above",
     ]

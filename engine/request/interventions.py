@@ -20,7 +20,14 @@ WHAT = {"engram-off": "switch off Engram at layer {layer}", "ban-expert": "ban e
         "mhc-identity": "pin the mHC mixing matrices to the identity at layer {layer}",
         "no-candidate-filter": "skip the indexer's candidate filter",
         "drop-stage": "drop DSpark stage {layer}"}
-SPAN = re.compile(r"(\d+)(?:(-)(\d*))?")
+SPAN = re.compile(r"([0-9]{1,9})(?:(-)([0-9]{0,9}))?", re.ASCII)
+# Bounds on the text a user gives (--intervene, the app's what-if form, a link's intervene=): the longest canonical
+# text is about 40 characters ('no-candidate-filter@16777215-16777216'); numbers of at most 9 digits reach past
+# every layer, expert and position a config may declare (engine/spec/limits.py); a run's list stays short enough
+# that checking each against the earlier ones (quadratic) is instant.
+MAX_TEXT_CHARS = 64
+MAX_DIGITS = 9
+MAX_INTERVENTIONS = 64
 EXAMPLES = "engram-off:L, ban-expert:L:E, force-expert:L:E, mhc-identity:L, no-candidate-filter, drop-stage:K"
 
 
@@ -37,7 +44,7 @@ class Intervention:
     def __post_init__(self) -> None:
         problem = self.shape_problem()
         if problem:
-            raise InputError(f"intervention '{self.kind}': {problem}")
+            raise InputError(f"intervention {str(self.kind)[:40]!r}: {problem}")
 
     def shape_problem(self) -> str | None:
         """What makes the fields inconsistent for the kind (None: nothing); a config is checked separately."""
@@ -106,32 +113,43 @@ def parse_intervention(text: str) -> Intervention:
     if not isinstance(text, str):
         raise InputError(f"an intervention must be text such as 'ban-expert:3:5@12', got {type(text).__name__}")
     raw = text.strip()
+    if len(raw) > MAX_TEXT_CHARS:
+        raise InputError(f"intervention {_shown(raw)} has {len(raw):,} characters; one is at most {MAX_TEXT_CHARS} "
+                         f"(such as 'ban-expert:3:5@12')")
     body, at, span = raw.partition("@")
     kind, *numbers = body.split(":")
     if kind not in KINDS:
-        raise InputError(f"intervention {raw!r}: unknown kind {kind!r}; write one of {EXAMPLES} "
+        raise InputError(f"intervention {_shown(raw)}: unknown kind {_shown(kind)}; write one of {EXAMPLES} "
                          "(optionally followed by @P, @P-Q or @P-)")
     names = FIELDS[kind]
     if len(numbers) != len(names):
         form = ":".join([kind] + [{"layer": "K" if kind == "drop-stage" else "L", "expert": "E"}[n] for n in names])
-        raise InputError(f"intervention {raw!r}: '{kind}' is written {form}")
+        raise InputError(f"intervention {_shown(raw)}: '{kind}' is written {form}")
     values = {}
     for name, number in zip(names, numbers):
+        word = "stage" if kind == "drop-stage" else name
         if not number.isdigit() or not number.isascii():
-            word = "stage" if kind == "drop-stage" else name
-            raise InputError(f"intervention {raw!r}: {word} {number!r} is not a whole number ≥ 0")
+            raise InputError(f"intervention {_shown(raw)}: {word} {_shown(number)} is not a whole number ≥ 0")
+        if len(number) > MAX_DIGITS:
+            raise InputError(f"intervention {_shown(raw)}: {word} {number} has more than {MAX_DIGITS} digits")
         values[name] = int(number)
     if at:
         match = SPAN.fullmatch(span)
         if not match or not span.isascii():
-            raise InputError(f"intervention {raw!r}: positions {span!r} must be P, P-Q or P- (token positions, "
-                             "0 = the first prompt token)")
+            raise InputError(f"intervention {_shown(raw)}: positions {_shown(span)} must be P, P-Q or P- (token "
+                             f"positions of at most {MAX_DIGITS} digits, 0 = the first prompt token)")
         first, dash, last = match.groups()
         values["first"] = int(first)
         values["last"] = int(first) if not dash else (int(last) if last else None)
     if values.get("last") is not None and values["last"] < values["first"]:
-        raise InputError(f"intervention {raw!r}: position range {span} ends before it starts")
+        raise InputError(f"intervention {_shown(raw)}: position range {_shown(span)[1:-1]} ends before it starts")
     return Intervention(kind, **values)
+
+
+def _shown(text: str) -> str:
+    """A part of a spec for a message: its repr, cut to 40 characters (escapes make a repr up to 10× the text)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:38] + "…'"
 
 
 def as_intervention(item: "Intervention | str") -> Intervention:
@@ -143,6 +161,8 @@ def check_interventions(items: Iterable["Intervention | str"], args: "ModelArgs"
     """Parse and validate interventions against a config; InputError names the item and the problem."""
     out: list[Intervention] = []
     for item in items:
+        if len(out) == MAX_INTERVENTIONS:
+            raise InputError(f"more than {MAX_INTERVENTIONS} interventions; a run takes at most {MAX_INTERVENTIONS}")
         iv = as_intervention(item)
         problem = _problem(iv, args)
         if problem is None:

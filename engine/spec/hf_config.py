@@ -11,7 +11,8 @@ from typing import Any
 
 from .errors import ConfigError
 
-LAYER_TYPE_DEFAULT_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+CSA_RATE = 4   # the ratio that makes a V4 compressed layer CSA (engine.spec.roles, FamilyRoles.overlap_ratio)
+LAYER_TYPE_DEFAULT_RATES = {"compressed_sparse_attention": CSA_RATE, "heavily_compressed_attention": 128}
 # transformers-only keys without architecture, or folded back below
 HF_ONLY_KEYS = ("layer_types", "compress_rates", "mlp_layer_types", "rope_parameters", "partial_rotary_factor",
                 "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "mlp_bias", "dtype",
@@ -29,6 +30,7 @@ def release_form(raw: dict) -> dict[str, Any]:
     out = {k: v for k, v in raw.items() if k not in HF_ONLY_KEYS}
     n = _int(raw, "num_hidden_layers")
     rates = {**LAYER_TYPE_DEFAULT_RATES, **_dict(raw, "compress_rates", {})}
+    _check_rates(rates)
     ratio_of = {"sliding_attention": 0, **rates}
     types = raw["layer_types"]
     if not isinstance(types, list) or len(types) != n or any(t not in ratio_of for t in types):
@@ -54,6 +56,20 @@ def release_form(raw: dict) -> dict[str, Any]:
     if "qk_rope_head_dim" not in out and raw.get("partial_rotary_factor") is not None:
         out["qk_rope_head_dim"] = int(_int(raw, "head_dim") * raw["partial_rotary_factor"])
     return out
+
+
+def _check_rates(rates: dict) -> None:
+    """The engine (as DeepSeek's reference) tells the V4 attentions apart by the ratio alone: a compressed layer of
+    ratio 4 is CSA (overlapping windows, its own indexer), any other ratio HCA. A CSA rate other than 4, or an HCA
+    rate of 4, would build the other attention and fail at load on its tensors: refused here, naming the rate."""
+    csa, hca = rates.get("compressed_sparse_attention"), rates.get("heavily_compressed_attention")
+    if csa != CSA_RATE:
+        raise ConfigError(f"'compress_rates' sets compressed_sparse_attention to {str(csa)[:40]}; this engine runs "
+                          f"CSA at ratio {CSA_RATE} only (the release's rate)")
+    if type(hca) is not int or hca <= 0 or hca == CSA_RATE:
+        raise ConfigError(f"'compress_rates' sets heavily_compressed_attention to {str(hca)[:40]}; this engine runs "
+                          f"HCA at a positive ratio other than {CSA_RATE} (the release's: 128), since ratio "
+                          f"{CSA_RATE} means CSA")
 
 
 def _int(raw: dict, key: str) -> int:

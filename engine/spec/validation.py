@@ -18,6 +18,11 @@ from .limits import (
 if TYPE_CHECKING:
     from .config import ModelArgs
 
+# Fields only the V4.1 family reads (shared KV sources, the indexer's source layers and candidate filter, Engram):
+# a V4 model ignores them, so a config that names V4 and sets one contradicts itself.
+V41_ONLY = ("kv_source_layers", "index_source_layers", "candidate_source_layer", "candidate_topk_blocks",
+            "candidate_block_size", "engram_layer_ids", "engram_vocab_size", "engram_num_embeddings",
+            "engram_compressed_vocab_size", "engram_n_heads", "engram_head_dim")
 WHY = "engine/spec/limits.py keeps every accepted config describable in bounded time and memory"
 
 
@@ -29,6 +34,8 @@ def validate(a: "ModelArgs") -> None:
     _check_floats(a)
     _check_sizes(a)
     _check_token_ids(a)
+    if a.family == "v4":
+        _check_v4_keys(a)
     _check_layers(a)
     _check_expert_total(a)
     if a.has_engram:
@@ -106,6 +113,14 @@ def _check_token_ids(a: "ModelArgs") -> None:
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "engram_pad_id"):
         v = getattr(a, key)
         need(v < a.vocab_size, key, f"({v}) must be a token id below vocab_size ({a.vocab_size})")
+
+
+def _check_v4_keys(a: "ModelArgs") -> None:
+    """A V4 config sets no V4.1-only key (a V4 model would silently run without it)."""
+    defaults = {f.name: f.default for f in fields(a)}
+    set_keys = [k for k in V41_ONLY if getattr(a, k) != defaults[k]]
+    need(not set_keys, "model_type", f"is {a.model_type!r}, the V4 family, but the config sets V4.1-only key(s) "
+         f"{', '.join(set_keys)}, which a V4 model would ignore: remove them, or set model_type to 'deepseek_v41'")
 
 
 def _check_layers(a: "ModelArgs") -> None:

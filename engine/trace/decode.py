@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..spec.errors import InputError
+from ..spec.limits import VOCAB_MAX
 from .header import Layout, check_header, json_type
 from .records import FACT_FIELDS, MHC_SITES, DSparkStep, TokenRecord, TraceBudget
 from .tables import TABLES, VALUES, TraceFormatError, column_names
@@ -21,6 +22,10 @@ NONFINITE_ALLOWED = {("tokens", "step_time_s"): "nan", ("dspark", "time_s"): "na
 # Integer columns that count or index something, so never negative.
 NON_NEGATIVE = {"row", "pos", "slot", "token_id", "expert", "anchor_pos", "anchor_token", "verify_len", "accepted",
                 "next_token"}
+# Columns that hold token ids: each id must lie below the recording model's vocabulary (the meta's vocab_size, which
+# runs write since issue 46; for an older trace, the largest vocabulary a config may declare, spec/limits.py).
+TOKEN_ID_FIELDS = {"tokens": ("token_id", "top_ids"), "dspark": ("anchor_token", "drafted", "next_token"),
+                   "lens": ("top_ids", "next_id")}
 INT64_MAX = np.iinfo(np.int64).max
 PYTHON_TYPES = {"int64": {int}, "float32": {int, float}, "float64": {int, float}, "bool": {bool}, "str": {str}}
 ARRAY_KINDS = {"int64": "iu", "float32": "iuf", "float64": "iuf", "bool": "b", "str": "OU"}
@@ -151,8 +156,31 @@ def _field_values(table: str, field: str, cols: dict, layout: Layout) -> list:
 
 # ---- records ----------------------------------------------------------------------------------
 
+def vocabulary_bound(meta: dict[str, Any]) -> tuple[int, str]:
+    """(the bound token ids stay below, what it is, for messages)."""
+    size = meta.get("vocab_size")
+    if type(size) is int and 0 < size <= VOCAB_MAX:
+        return size, f"the vocabulary of {size:,} ids the header's meta declares"
+    return VOCAB_MAX, f"{VOCAB_MAX:,}, the largest vocabulary a config may declare"
+
+
+def _check_token_ids(name: str, cols: dict, layout: Layout) -> None:
+    """Refuse a token id at or beyond the vocabulary (a foreign or damaged file: no model made it)."""
+    bound, what = vocabulary_bound(layout.meta)
+    for field in TOKEN_ID_FIELDS.get(name, ()):
+        if field not in layout.fields[name]:
+            continue
+        shape = layout.fields[name][field][0]
+        for column in column_names(field, shape) if shape else [field]:
+            values = cols[column]
+            if values.size and values.max() >= bound:
+                raise TraceFormatError(f"table '{name}' column '{column}' holds token id {values.max():,}, outside "
+                                       f"the vocabulary (ids below {what})")
+
+
 def _decode_table(contents: TraceContents, name: str, cols: dict, layout: Layout) -> None:
     n = layout.n_rows[name]
+    _check_token_ids(name, cols, layout)
     values = {f: _field_values(name, f, cols, layout) for f in layout.fields[name]}
     if name == "moe":
         facts = _decode_moe(cols, values, n)

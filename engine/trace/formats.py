@@ -23,7 +23,7 @@ def trace_format(path: str | Path) -> str:
     for suffix, fmt in SUFFIXES.items():
         if name.endswith(suffix):
             return fmt
-    raise InputError(f"{path}: unknown trace format; use a name ending in .json, .parquet.zip or .safetensors")
+    raise TraceFormatError(f"{path}: unknown trace format; use a name ending in .json, .parquet.zip or .safetensors")
 
 
 def write_tables(tables: dict[str, dict[str, np.ndarray]], header: dict[str, Any], path: str | Path,

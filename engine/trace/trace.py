@@ -101,6 +101,16 @@ class Trace(FactRecorder):
                 out[i] = rec.token_id
         return out
 
+    def recorded_tokens(self) -> list[TokenRecord]:
+        """The token records of every row as recorded so far, in (row, pos) order, without settling anything (no
+        top-k worked out, no lens read out): what a writer that saves a run as it generates reads between steps."""
+        return [rec for row in sorted(self._tokens) for _, rec in sorted(self._tokens[row].items())]
+
+    def record_tokens(self, records: Iterable[TokenRecord]) -> None:
+        """Token records as they are (a partial trace rebuilt from recorded_tokens)."""
+        for rec in records:
+            self._tokens.setdefault(rec.row, {})[rec.pos] = rec
+
     def record_dspark_step(self, step: DSparkStep) -> None:
         self.dspark_steps.append(step)
 

@@ -50,6 +50,27 @@ def drop(key):
 
 
 RATIOS = json.loads(Path(TINY).read_text())["compress_ratios"]
+TINY_V4 = "configs/tiny-v4.json"
+
+
+def tiny_v4(**changes) -> str:
+    config = json.loads(Path(TINY_V4).read_text())
+    config.update(changes)
+    return json.dumps(config)
+
+
+def hf_v4(**rates) -> str:
+    """tiny-v4 in transformers' own V4 form: layer types and their compress rates instead of compress_ratios."""
+    config = json.loads(Path(TINY_V4).read_text())
+    ratios = config.pop("compress_ratios")[: config["n_layers"]]
+    kinds = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+    n_hash = config.pop("n_hash_layers")
+    config = {k: v for k, v in config.items() if not k.startswith("dspark_")}   # the plain V4: one MTP layer
+    config["num_nextn_predict_layers"] = config.pop("n_mtp_layers")
+    config.update(num_hidden_layers=config.pop("n_layers"), layer_types=[kinds[r] for r in ratios],
+                  mlp_layer_types=["hash_moe"] * n_hash + ["moe"] * (len(ratios) - n_hash),
+                  compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **rates})
+    return json.dumps(config)
 
 # (case id, config text or bytes, what the message must say)
 CORPUS = [
@@ -141,6 +162,20 @@ CORPUS = [
     ("compress-ratio-huge", tiny(compress_ratios=[0, 0, 10**6] + RATIOS[3:]),
      "'compress_ratios' has entries [1000000] outside 0..1,024"),
     ("block-size-zero", tiny(weight_block_size=[0, 32]), "'weight_block_size' has entries [0] outside 1..4,096"),
+    # ---- the family: V4.1-only keys in a V4 config, V4 attention rates the engine cannot run (issue 46) ----
+    ("v4-with-kv-sources", tiny_v4(kv_source_layers=[2, 3]),
+     "'model_type' is 'deepseek_v4', the V4 family, but the config sets V4.1-only key(s) kv_source_layers, which a "
+     "V4 model would ignore"),
+    ("v4-with-indexer-and-engram", tiny_v4(index_source_layers=[2], candidate_source_layer=2, engram_layer_ids=[1],
+                                           engram_vocab_size=1000, engram_n_heads=2),
+     "V4.1-only key(s) index_source_layers, candidate_source_layer, engram_layer_ids, engram_vocab_size, "
+     "engram_n_heads, which"),
+    ("hf-v4-csa-rate-8", hf_v4(compressed_sparse_attention=8),
+     "'compress_rates' sets compressed_sparse_attention to 8; this engine runs CSA at ratio 4 only"),
+    ("hf-v4-hca-rate-4", hf_v4(heavily_compressed_attention=4),
+     "'compress_rates' sets heavily_compressed_attention to 4; this engine runs HCA at a positive ratio other than 4"),
+    ("hf-v4-hca-rate-string", hf_v4(heavily_compressed_attention="128"),
+     "'compress_rates' sets heavily_compressed_attention to 128; this engine runs HCA"),
 ]
 
 
@@ -150,6 +185,16 @@ def test_a_bad_config_is_refused_naming_the_problem(text, message):
         config_from_text(text, source="bad.json")
     assert str(e.value).startswith("bad.json: ")
     assert message in str(e.value)
+
+
+def test_the_v4_forms_of_the_family_cases_load_when_consistent():
+    """The corpus's V4 cases are one change away from a config the engine runs: HCA at ratio 8 (as transformers
+    allows, tests/model/test_hf_differential.py) loads, as HCA."""
+    assert config_from_text(tiny_v4()).family == "v4"
+    assert config_from_text(hf_v4()).compress_ratios == load_config(TINY_V4).compress_ratios[:8]
+    short = config_from_text(hf_v4(heavily_compressed_attention=8))
+    assert short.compress_ratios == (0, 0, 4, 8, 4, 8, 4, 0)
+    assert [r.attn_kind for r in short.roles] == ["SWA", "SWA", "CSA", "HCA", "CSA", "HCA", "CSA", "SWA"]
 
 
 def test_the_corpus_is_large_and_the_cases_distinct():

@@ -108,6 +108,16 @@ JSON_CASES = {
     "lens declared by the schema alone": (lambda b: b["header"]["n_rows"].pop("lens"), r"'n_rows' lacks lens"),
     "infinite lens probability": (_put("lens", "next_prob", 0, float("inf")), r"field 'next_prob' holds 1 non-finite"),
     "lens budget not a bool": (lambda b: b["header"]["budget"].update(lens="yes"), "budget 'lens' must be true/false"),
+    # token ids outside any vocabulary (issue 46: these loaded and every panel drew them)
+    "token id 10^12": (_put("tokens", "token_id", 0, 10**12),
+                       r"column 'token_id' holds token id 1,000,000,000,000, outside the vocabulary \(ids below "
+                       r"4,194,304, the largest vocabulary a config may declare\)"),
+    "top-k id 10^12": (_put("tokens", "top_ids_0", 5, 10**12), "column 'top_ids_0' holds token id 1,000,000,000,000"),
+    "drafted id 10^12": (_put("dspark", "drafted_0", 0, 10**12), "column 'drafted_0' holds token id 1,000,000,000,000"),
+    "lens top id 10^12": (_put("lens", "top_ids_0", 0, 10**12), "table 'lens' column 'top_ids_0' holds token id"),
+    "token id beyond the declared vocabulary": (
+        lambda b: (b["header"]["meta"].update(vocab_size=512), _put("tokens", "token_id", 2, 512)(b)),
+        r"holds token id 512, outside the vocabulary \(ids below the vocabulary of 512 ids the header's meta"),
 }
 
 
@@ -128,6 +138,18 @@ def test_malformed_json_text(tmp_path, real):
     refused(tmp_path, "t.json", b'{"tables": {}, ' + text[1:], "names key 'tables' twice")
     refused(tmp_path, "t.json", b'{"hello": 1}', "lacks the 'header' and 'tables'")
     refused(tmp_path, "t.json", b"", "the file is empty")
+
+
+def test_an_unknown_suffix_is_one_trace_format_error_on_every_path(tmp_path, real):
+    """load_trace, Trace.load, Trace.from_bytes and the app's upload reader all raise TraceFormatError (an
+    InputError) for a name that is no trace format, naming it and the accepted suffixes."""
+    from v41viz.inspect.export import trace_from_upload
+    path = tmp_path / "t.pickle"
+    path.write_bytes(real[1]["json"])
+    for read in (load_trace, Trace.load, lambda p: Trace.from_bytes(p.name, p.read_bytes()),
+                 lambda p: trace_from_upload(p.name, p.read_bytes())):
+        with pytest.raises(TraceFormatError, match=r"t\.pickle: unknown trace format; use a name ending in \.json"):
+            read(path)
 
 
 def test_an_oversized_file_is_refused_before_it_is_read(tmp_path):

@@ -93,6 +93,7 @@ class LiveRun:
     end_seen: bool = False             # a page was showing it when it ended (still_watched, or its Stop)
     finished_at: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False, compare=False)  # a background run's
+    store_id: str = ""                 # its id in the run store (v41viz.inspect.run_store), when it is kept there
 
     @property
     def tokens_per_s(self) -> float:

@@ -23,7 +23,8 @@ class TraceModel:
 def model_facts(args) -> dict[str, int]:
     """What a run writes into its trace's meta so that a replay needs no loaded model."""
     return {"n_routed_experts": int(args.n_routed_experts), "n_activated_experts": int(args.n_activated_experts),
-            "engram_max_ngram_size": int(args.engram_max_ngram_size), "n_hash_layers": int(args.n_hash_layers)}
+            "engram_max_ngram_size": int(args.engram_max_ngram_size), "n_hash_layers": int(args.n_hash_layers),
+            "vocab_size": int(args.vocab_size)}   # engine.trace.decode refuses a token id at or beyond it
 
 
 def trace_model(trace: Trace) -> TraceModel:

@@ -23,6 +23,7 @@ FLOAT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,8})?", re.ASCII)
 BOOL = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 LAYER = re.compile(r"(layers|mtp)\.[0-9]{1,6}", re.ASCII)
 PROMPT_ID = re.compile(r"[0-9a-f]{12}", re.ASCII)
+RUN_ID = re.compile(r"[0-9a-f]{16}", re.ASCII)   # a run in this server's run store (v41viz.inspect.run_store)
 MAX_CHANGES = 16           # what-if changes a link may carry (`intervene`, comma-separated)
 
 # URL key -> (GenSettings field, kind, low, high): the form's own bounds, so a value from a link always fits it
@@ -48,6 +49,7 @@ class InspectLink:
     arch: str = ""                 # the diagram config a node came from (its layer kinds and depth)
     interventions: tuple[str, ...] = ()   # the run's what-if changes (their text form), checked against the model
                                           # when it runs
+    run_id: str = ""               # the stored run itself (opened from the run store instead of run again)
 
 
 def one(params: Mapping, key: str) -> str | None:
@@ -123,6 +125,11 @@ def parse_link(params: Mapping) -> tuple[InspectLink, list[str]]:
             link.token = int(v)
         else:
             bad("token", v, "a token is a position 0, 1, 2, … written in digits")
+    if (v := one(params, "run")) is not None and v:
+        if RUN_ID.fullmatch(v):
+            link.run_id = v
+        else:
+            bad("run", v, "a run id is 16 hexadecimal digits")
     if (v := one(params, "arch")) is not None and 0 < len(v) <= 200 and v.isprintable():
         link.arch = v
     return link, notes
@@ -162,7 +169,7 @@ def prompt_id(prompt: str) -> str:
 
 def link_params(model: str, settings: dict[str, object], view: dict[str, object]) -> dict[str, str]:
     """The query parameters of a run (model, prompt or its id, settings, what-if changes) and its view (panel, node,
-    layer, seam, token: empty ones left out)."""
+    layer, seam, token, and the stored run's id: empty ones left out)."""
     out = {"model": model}
     prompt = settings.get("prompt")
     if isinstance(prompt, str):
@@ -175,7 +182,7 @@ def link_params(model: str, settings: dict[str, object], view: dict[str, object]
             out[key] = _text(settings[name])
     if settings.get("interventions"):
         out["intervene"] = ",".join(settings["interventions"])
-    for key in ("panel", "node", "layer", "seam", "token"):
+    for key in ("panel", "node", "layer", "seam", "token", "run"):
         if view.get(key) not in (None, ""):
             out[key] = str(view[key])
     return out

@@ -5,13 +5,14 @@ import streamlit as st
 
 from engine.request.decoding import SUGGESTED_NO_REPEAT_NGRAM, SUGGESTED_REPETITION_PENALTY
 from engine.request.schedules import SCHEDULES
+from engine.spec.errors import InputError
 
 from ..inspect.export import trace_from_upload
 from ..inspect.run import GenSettings, LiveRun, status_sentence
 from ..inspect.run_meta import settings_line, settings_of
 from ..inspect.tokens import literal_text_html, whitespace_note
 from . import engine_session
-from .inspect_stream import LIVE, SHOWN
+from .inspect_stream import LIVE, SHOWN, inspect_page_store
 from .page_links import INSPECT_JUMP
 from .page_links import LOADED_RUN as LOADED
 
@@ -23,6 +24,8 @@ EXPERTS_HELP = ("Where the routed experts live. host memory: they stay in host R
                 "parts stay on the device (`--experts host`: one GPU + host RAM). This app runs on the CPU, where "
                 "both hold the same memory and generate the same text; the choice loads the model anew.")
 UPLOAD_ERROR = "inspect_upload_error"
+STORED_OPENED = "inspect_stored_opened"   # the run-store id a link named, once opened
+STORED_ERROR = "inspect_stored_error"     # why it could not be opened
 RANDOM_NOTE = "random weights: the text is noise; the machinery is real"
 
 
@@ -180,6 +183,30 @@ def show_trace(trace, name: str) -> LiveRun:
     return run
 
 
+def open_stored_run(run_id: str) -> bool:
+    """The run a link names by its run-store id, opened once per session (a refresh, a restarted server or a
+    shared link on this server shows the run itself); a note when the store no longer has it. True when opened."""
+    if not run_id or st.session_state.get(STORED_OPENED) == run_id:
+        return False
+    st.session_state[STORED_OPENED] = run_id
+    try:
+        trace, _ = inspect_page_store().open(run_id)
+    except InputError as e:
+        st.session_state[STORED_ERROR] = f"The link's stored run could not be opened: {e}."
+        return False
+    show_trace(trace, f"stored run {run_id}").store_id = run_id
+    return True
+
+
+def store_caption() -> None:
+    """How much the run store holds, and where."""
+    store = inspect_page_store()
+    runs = store.runs()
+    st.caption(f"Runs are kept on this server for their links: {len(runs)} stored, "
+               f"{sum(r.bytes for r in runs) / 2**20:,.1f} MiB of at most {store.max_bytes / 2**20:,.0f} MiB "
+               f"({store.max_runs} runs; the least recently used go first), in `{store.root}`.")
+
+
 def settings_into_form(meta: dict) -> None:
     """The settings a trace recorded go into the form on the page's next draw."""
     recorded = settings_of(meta)
@@ -192,8 +219,9 @@ def loaded_run(trace, name: str) -> LiveRun:
     """A replayed trace as a run: its text, token count and how it ended, from the trace alone."""
     toks = [t for r in trace.rows() for t in trace.tokens(r)]
     ended = str(trace.meta.get("finish", ""))
+    status = {"stopped": "stopped", "interrupted": "stopped", "running": "running"}.get(ended, "done")
     run = LiveRun(trace, str(trace.meta.get("config", "")), source=f"loaded: {name}",
-                  prompt=str(trace.meta.get("prompt", "")), status="stopped" if ended == "stopped" else "done",
+                  prompt=str(trace.meta.get("prompt", "")), status=status,
                   text="".join(t.text for t in toks if t.generated), n_tokens=sum(t.generated for t in toks),
                   finish=ended if ended in ("length", "stop", "max_seq_len") else "")
     run.stopped_by = "you" if ended == "stopped" else ""
@@ -201,9 +229,11 @@ def loaded_run(trace, name: str) -> LiveRun:
 
 
 def upload_error() -> None:
-    """A rejected trace, said in the main area under the uploader (the page and any shown run stay)."""
-    if message := st.session_state.get(UPLOAD_ERROR):
-        st.error(message, icon=":material/error:")
+    """A rejected trace (or a stored run a link named that cannot be opened), said in the main area under the
+    uploader (the page and any shown run stay)."""
+    for key in (STORED_ERROR, UPLOAD_ERROR):
+        if message := st.session_state.get(key):
+            st.error(message, icon=":material/error:")
 
 
 def current_run(model: str) -> LiveRun | None:

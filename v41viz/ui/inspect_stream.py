@@ -10,6 +10,7 @@ from engine.spec.errors import EngineError
 
 from ..inspect import background
 from ..inspect.run import GenSettings, LiveRun, new_trace, status_sentence
+from ..inspect.run_store import RunStore
 from ..inspect.tokens import literal_text_html
 from . import engine_session
 from .page_links import LIVE_RUN as LIVE
@@ -33,8 +34,14 @@ def start(slot: engine_session.EngineSlot, settings: GenSettings) -> bool:
     run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source, slot.args), slot.choice.key,
                   prompt=settings.prompt)
     st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
-    background.start(slot, settings, run)
+    background.start(slot, settings, run, inspect_page_store())
     return True
+
+
+@st.cache_resource(show_spinner=False)
+def inspect_page_store() -> RunStore:
+    """The server's run store (one per process): every Inspect run is kept there, so a link opens it again."""
+    return RunStore()
 
 
 def watch(model: str) -> None:
