@@ -6,7 +6,7 @@ from v41viz.ui.compare_runs import runs_part
 from v41viz.ui.plain_text import literal
 from v41viz.ui.sidebar import args_for, available_configs, page_setup
 
-page_setup("Compare")
+page_setup("Compare", config_picker=False)   # its A and B pickers choose
 st.title("Compare")
 # Only the open tab's body runs, so the Configs tab never imports torch. The tab is kept in the URL (?view=Runs) and
 # in the session by hand: a tab bound to the URL would make st.switch_page (Open in Inspect) fail to clear it.

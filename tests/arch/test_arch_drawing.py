@@ -73,13 +73,12 @@ def test_engine_source_read_from_files_equals_what_inspect_finds(module_type):
 
 def test_the_memory_plan_chart_stacks_each_gpu_and_groups_equal_ones():
     from engine.plan.memory_plan import Hardware, memory_plan
-    from v41viz.arch.plan_panels import SEGMENTS, device_bars_svg
+    from v41viz.arch.plan_panels import SEGMENTS, device_bars_figure
     plan = memory_plan(load_config(list_presets()["deepseek-v4.1-flash"]), Hardware(gpus=8, gpu_mem_gib=141))
-    root = ET.fromstring(device_bars_svg(plan))
-    svg = "{http://www.w3.org/2000/svg}"
-    labels = [t.text for t in root.iter(f"{svg}text")]
-    assert "GPU 0–7" in labels and "141 GiB" in labels       # eight equal GPUs share one bar; the capacity line
-    bars = [r for r in root.iter(f"{svg}rect") if r.find(f"{svg}title") is not None]
-    assert {r.find(f"{svg}title").text.split(" · ")[1].split(":")[0] for r in bars} == {s[0] for s in SEGMENTS}
-    gib = sum(float(r.find(f"{svg}title").text.rsplit(": ", 1)[1].removesuffix(" GiB")) for r in bars)
+    fig = device_bars_figure(plan)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert all(list(t.y) == ["GPU 0–7"] for t in bars)        # eight equal GPUs share one bar
+    assert {t.name for t in bars} == {s[0] for s in SEGMENTS}
+    assert fig.layout.shapes[0].x0 == 141 and "141 GiB" in fig.layout.annotations[0].text   # the capacity line
+    gib = sum(t.x[0] for t in bars)
     assert abs(gib - plan.gpus[0].need / 2**30) < 0.05, (gib, plan.gpus[0])   # the bar adds up to the need

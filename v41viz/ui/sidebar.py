@@ -11,6 +11,7 @@ from engine.spec.limits import CONFIG_MAX_BYTES
 from engine.spec.presets import list_presets
 
 from ..arch.model_view import ModelView, build_view
+from . import page_style
 from .plain_text import literal, short_name
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
@@ -45,9 +46,12 @@ def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
 def page_setup(title: str, config_picker: bool = True) -> None:
     """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar.
 
-    A page that runs a model of its own (Inspect) hides the diagram's config picker, so the sidebar shows only
-    what that page uses; the chosen config stays in the session for the other pages."""
+    A page that runs a model of its own (Inspect) or picks its own configs (Compare) hides the diagram's config
+    picker, so the sidebar shows only what that page uses; the chosen config stays in the session for the other
+    pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    page_style.page_css()
+    page_style.navigation()
     if config_picker:
         config_sidebar(title)
     if notice := st.session_state.pop("config_notice", None):
