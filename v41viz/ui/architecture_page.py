@@ -24,6 +24,7 @@ from .diagram_component import picked, toggled
 from .overlay_controls import LiveOverlay, paint
 from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
+from .sidebar import config_label
 from .static_table import show_table
 from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
 
@@ -115,7 +116,7 @@ def write_url(state: ViewState, extra: dict[str, str] | None = None) -> None:
 def header(config_key: str, view: ModelView) -> None:
     a, acc = view.args, view.accounting.to_json()
     uploaded = config_key.startswith(UPLOAD_PREFIX)      # its name is the user's file name: shown literally
-    st.title((literal(a.name) if uploaded else a.name) or "uploaded config")
+    st.title(literal(config_label(config_key)) if uploaded else a.name)
     st.caption(f"{a.family.upper()} family · drawn from config.json (an illustration of the config; live data appear "
                "only where the Live data panel paints a run's facts on it)")
     cols = st.columns(6)
