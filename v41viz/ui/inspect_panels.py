@@ -7,7 +7,7 @@ import streamlit as st
 from engine.trace import Trace, path_order
 
 from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, lens_panel, mhc_panel
-from ..inspect.export import FORMATS, trace_bytes
+from ..inspect.export import FORMATS, download_name, trace_bytes
 from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_detail_html, token_table
@@ -255,7 +255,8 @@ def export(run: LiveRun) -> None:
     if key not in cache:
         cache.clear()
         cache[key] = trace_bytes(run.trace, fmt)
-    name, mime = FORMATS[fmt]
+    mime = FORMATS[fmt][1]
+    name = download_name(run.model, run.prompt or run.source, run.started_at, fmt)
     with c2:
         st.download_button(f"Download {name} ({len(cache[key]) / 1024:.0f} KiB)", cache[key], file_name=name,
                            mime=mime, key="export_download", icon=":material/download:", on_click="ignore")
