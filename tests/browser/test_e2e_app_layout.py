@@ -114,3 +114,19 @@ def test_labels_and_figures_are_not_cut_at_1400(server, browser, screenshots):
     assert not cut, cut
     expect(page.get_by_text("Details beside the diagram")).to_be_visible()
     page.close()
+
+
+def test_icon_buttons_have_names_a_screen_reader_can_say(server, browser):
+    base, _ = server
+    page = _open(browser, base, "/architecture?config=tiny-v4.1", DESKTOP, "How the plan is made")
+    search = page.get_by_role("textbox", name="Find a module")
+    search.fill("attn")
+    search.press("Enter")
+    settled(page)
+    for name in ("Previous match", "Next match", "zoom in", "zoom out", "download the drawing as SVG"):
+        button = page.get_by_role("button", name=name, exact=True)
+        expect(button).to_be_visible()
+        assert button.bounding_box()["width"] < 60 or "download" in name   # still drawn as an icon
+    said = page.locator("[data-testid=stMain]").aria_snapshot()    # what assistive technology is told
+    assert "chevron" not in said and not re.search(r'button ""|- button$', said, re.M), said
+    page.close()

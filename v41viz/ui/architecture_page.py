@@ -185,9 +185,11 @@ def controls(view: ModelView, index: ModuleIndex, painting: bool = False) -> Non
                   "centres it in the drawing.")
     hits = index.find(st.session_state.get(SEARCH, ""))
     with c2.container(horizontal=True, vertical_alignment="center", gap="small"):
-        st.button("", icon=":material/chevron_left:", key="arch_prev", help="previous match",
+        # the label names the button for screen readers (an empty one was announced "chevron_left icon"); the
+        # page CSS hides it from view (page_style.ICON_ONLY)
+        st.button("Previous match", icon=":material/chevron_left:", key="arch_prev", help="previous match",
                   on_click=_next_hit, args=(index, -1), disabled=len(hits) < 2)
-        st.button("", icon=":material/chevron_right:", key="arch_next", help="next match",
+        st.button("Next match", icon=":material/chevron_right:", key="arch_next", help="next match",
                   on_click=_next_hit, args=(index, 1), disabled=len(hits) < 2)
         if st.session_state.get(SEARCH, "").strip():
             pos = st.session_state.get(HIT, 0) % len(hits) if hits else 0

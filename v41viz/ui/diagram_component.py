@@ -142,8 +142,10 @@ function build(parentElement) {
     + '<span class="v41-zoom" aria-live="polite"></span>'
     + '<span class="v41-hint">Ctrl + wheel zooms · drag or wheel pans · + − 0 W and arrow keys</span>'
     + '<span class="v41-spacer"></span>'
-    + '<button data-act="svg" title="Download the whole drawing as SVG">⤓ SVG</button>'
-    + '<button data-act="png" title="Download the whole drawing as PNG (2×)">⤓ PNG</button></div>'
+    + '<button data-act="svg" title="Download the whole drawing as SVG"'
+    + ' aria-label="download the drawing as SVG">⤓ SVG</button>'
+    + '<button data-act="png" title="Download the whole drawing as PNG (2×)"'
+    + ' aria-label="download the drawing as PNG">⤓ PNG</button></div>'
     + '<div class="v41-drawing" tabindex="0" aria-label="architecture diagram: + and − zoom, 0 fits, arrows pan">'
     + '</div><div class="v41-tip" role="tooltip"></div>';
   parentElement.appendChild(root);

@@ -15,6 +15,12 @@ PAGES = (("app.py", "Home", ":material/home:"), ("pages/architecture.py", "Archi
          ("pages/compare.py", "Compare", ":material/compare_arrows:"), ("pages/inspect.py", "Inspect",
                                                                          ":material/monitoring:"))
 
+# Buttons drawn as an icon alone: their label stays in the page for screen readers, out of sight.
+ICON_ONLY = (".st-key-arch_prev", ".st-key-arch_next")
+
+VISUALLY_HIDDEN = ("{position: absolute; width: 1px; height: 1px; overflow: hidden; clip-path: inset(50%); "
+                   "white-space: nowrap;}")
+
 CSS = """<style>
 [data-testid="stMarkdownContainer"] table {display: block; max-width: 100%; overflow-x: auto;}
 [data-testid="stMarkdownContainer"] td {overflow-wrap: break-word;}
@@ -39,4 +45,5 @@ def navigation() -> None:
 
 
 def page_css() -> None:
-    st.html(CSS)
+    hidden = ", ".join(f"{key} button [data-testid=stMarkdownContainer]" for key in ICON_ONLY)
+    st.html(CSS.replace("</style>", f"{hidden} {VISUALLY_HIDDEN}\n</style>"))
