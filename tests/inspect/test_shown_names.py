@@ -29,3 +29,33 @@ def test_a_failed_load_names_the_file_once():
     assert load_failure("bad_trace.json", error) == \
         "Could not load bad_trace.json: not a readable v41viz trace (JSONDecodeError)"
     assert load_failure("x.json", ValueError("unknown format")) == "Could not load x.json: unknown format"
+
+
+def test_special_tokens_read_as_short_names_in_any_font():
+    from v41viz.inspect.tokens import token_label, visible
+    assert visible("<｜begin▁of▁sentence｜>") == "‹bos›" and visible("<｜end▁of▁sentence｜>") == "‹eos›"
+    assert visible("<｜User｜>hi") == "‹User›hi" and token_label("<｜begin▁of▁sentence｜>", 0, 6) == "0:‹bos›"
+
+
+def test_the_selected_token_is_outlined_on_a_heatmap():
+    import plotly.graph_objects as go
+
+    from v41viz.inspect.panel_style import mark_token
+    fig = mark_token(go.Figure(go.Heatmap(z=[[1, 2, 3]], x=["4:a", "5:b", "7:c"])), [4, 5, 7], 7)
+    (shape,) = fig.layout.shapes
+    assert (shape.x0, shape.x1, shape.yref) == (1.5, 2.5, "paper")
+    assert not mark_token(go.Figure(), [4, 5], 9).layout.shapes   # a token the chart lacks: nothing drawn
+
+
+def test_a_special_token_in_shaded_text_is_a_chip():
+    from v41viz.inspect.tokens import coloured_text_html
+    page = coloured_text_html(["<｜begin▁of▁sentence｜>", "a<b"], [0.5, float("nan")], "gate")
+    assert '<span class="v41-special">‹bos›</span>' in page and "a&lt;b" in page and "｜" not in page
+
+
+def test_routing_agreement_has_one_calm_scale_on_the_diagram_and_the_heatmap():
+    from v41viz.inspect.overlay_scale import AGREEMENT, Scale
+    scale = Scale.agreement()
+    assert scale.colour(0.0) == AGREEMENT[0] and scale.colour(1.0) == AGREEMENT[-1] and scale.centre is None
+    assert [c for _, c in scale.plotly_scale()] == list(AGREEMENT)
+    assert all(int(c[1:3], 16) <= max(int(c[3:5], 16), int(c[5:7], 16)) for c in AGREEMENT)   # no red end
