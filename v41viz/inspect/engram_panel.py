@@ -50,8 +50,7 @@ def gate_figure(trace: Trace, path: str, row: int = 0, pos: int | None = None) -
                                customdata=[names] * gates.shape[1],
                                hovertemplate="%{y} · %{customdata}: gate %{z:.3f}<extra></extra>"))
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), xaxis=dict(title="token (position:text)"),
-                      title=dict(text=f"{path}: gate per stream and token (click: select the token)",
-                                 font=dict(size=13)))
+                      title=dict(text=f"{path}: gate per stream and token", font=dict(size=13)))
     return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 

@@ -63,8 +63,7 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_expert
                                showscale=False))
     fig.update_layout(height=max(300, 26 * len(paths) + 170), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed", title=None), xaxis=dict(title="token (position:text)"),
-                      title=dict(text="chosen experts per token and layer (colour: the top expert; hover: weights "
-                                 "and scores; click: select that token and layer)", font=dict(size=13)))
+                      title=dict(text="chosen experts per token and layer", font=dict(size=13)))
     return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 

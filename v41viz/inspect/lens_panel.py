@@ -127,8 +127,8 @@ def next_token_heatmap(trace: Trace, row: int = 0, paths: list[str] | None = Non
                                hovertemplate="%{y} · %{customdata}: log10 p(next) %{z:.2f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(xaxis=dict(title="token (position:text)"))
-    fig = titled(fig, "Probability each layer gives the token that came next (click: select the token)",
-                 height=max(300, 120 + 26 * len(paths)), legend=False)
+    fig = titled(fig, "Probability each layer gives the token that came next", height=max(300, 120 + 26 * len(paths)),
+                 legend=False)
     return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 

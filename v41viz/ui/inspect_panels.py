@@ -20,6 +20,8 @@ from .static_table import show_table
 
 PANEL, NODE = "inspect_panel", "inspect_node"
 NODE_OPTIONS = "inspect_node_options"   # the module filter's options of this run, for a heatmap click
+CLICK_NOTE = ("Click a cell to select its token (and its layer as the module filter); the outlined column is the "
+              "selected token. Hover a cell for its values; the experts chart colours each cell by its top expert.")
 ALL = "(all modules)"
 CHART = {"width": "stretch", "config": {"displayModeBar": False}}
 
@@ -84,6 +86,7 @@ def heatmap(fig, key: str) -> None:
     """A token × layer (or stream) heatmap whose cells select: a click on a cell selects its token, and its layer
     as the module filter where the filter has it (Streamlit's plotly selection event)."""
     st.plotly_chart(fig, key=key, on_select=lambda: _pick_cell(key), selection_mode="points", **CHART)
+    st.caption(CLICK_NOTE)
 
 
 def _pick_cell(key: str) -> None:

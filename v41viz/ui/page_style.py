@@ -31,6 +31,9 @@ CSS = """<style>
   text-overflow: clip;}
 [data-testid="stSidebar"] [data-baseweb="select"] div {white-space: normal; overflow-wrap: anywhere;
   text-overflow: clip;}
+@media (max-width: 640px) {   /* a phone: heatmap cells too narrow for their numbers (hover and tap show them) */
+  .js-plotly-plot .heatmaplayer text {display: none;}
+}
 .v41-special {font-family: inherit; font-size: 0.85em; padding: 0 0.25em; border-radius: 0.3em;
   background: #e0e7ff; color: #3730a3; white-space: nowrap;}
 </style>"""
