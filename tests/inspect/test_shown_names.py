@@ -59,3 +59,10 @@ def test_routing_agreement_has_one_calm_scale_on_the_diagram_and_the_heatmap():
     assert scale.colour(0.0) == AGREEMENT[0] and scale.colour(1.0) == AGREEMENT[-1] and scale.centre is None
     assert [c for _, c in scale.plotly_scale()] == list(AGREEMENT)
     assert all(int(c[1:3], 16) <= max(int(c[3:5], 16), int(c[5:7], 16)) for c in AGREEMENT)   # no red end
+
+
+def test_the_expert_colour_bar_thins_its_labels_on_a_short_chart():
+    from v41viz.inspect.experts_panel import TICK_PX, _height, _id_colorbar
+    for n, layers in ((16, 1), (16, 8), (256, 40)):
+        ticks = _id_colorbar(n, layers)["tickvals"]
+        assert ticks[0] == 0 and len(ticks) * TICK_PX <= _height(layers) - 150, (n, layers, ticks)
