@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser_helpers import WAIT_PAGE, settled
+from tests.browser_helpers import CUT_JS, WAIT_PAGE, settled
 
 # fresh server, V4.1's view built once, six pages opened at two sizes [~60 s]
 pytestmark = pytest.mark.slow
@@ -26,11 +26,6 @@ OVERFLOW_JS = """() => {
     return {doc: [doc.scrollWidth, doc.clientWidth], main: [main.scrollWidth, main.clientWidth], wide};
 }"""
 
-# Text cut with an ellipsis: elements whose text is wider than their box while they hide the rest.
-CUT_JS = """(selector) => [...document.querySelectorAll(selector)].filter(e => {
-    const s = getComputedStyle(e);
-    return e.scrollWidth > e.clientWidth + 1 && (s.textOverflow === 'ellipsis' || s.overflow === 'hidden');
-}).map(e => e.textContent)"""
 
 
 def _open(browser, base: str, path: str, viewport: dict, wait_for: str):

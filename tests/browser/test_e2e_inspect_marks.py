@@ -10,13 +10,31 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser_helpers import FINISHED, open_inspect, settled
+from tests.browser_helpers import CUT_JS, FINISHED, open_inspect, settled
 
 # one generation on a fresh server, then four panels and two files [~90 s under load]
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ".js-plotly-plot"
+# At phone width: whether the page fits its width, heatmap cell numbers that overlap a neighbour, and chart titles
+# that pass their chart's right edge.
+PHONE_JS = """() => {
+    const doc = document.documentElement.scrollWidth <= document.documentElement.clientWidth;
+    const cells = [];
+    for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+        const boxes = [...plot.querySelectorAll('.heatmaplayer text')].map(t => t.getBoundingClientRect())
+            .filter(r => r.width > 0);
+        for (let i = 1; i < boxes.length; i++)
+            if (boxes[i].left < boxes[i - 1].right - 0.5 && Math.abs(boxes[i].top - boxes[i - 1].top) < 2)
+                cells.push(i);
+    }
+    const titles = [...document.querySelectorAll('.js-plotly-plot')].filter(plot => {
+        const title = plot.querySelector('.gtitle');
+        return title && title.getBoundingClientRect().right > plot.getBoundingClientRect().right + 1;
+    }).map(plot => plot.querySelector('.gtitle').textContent);
+    return {doc, cells, titles};
+}"""
 
 
 def _generate(page, prompt: str, max_new: int) -> None:
@@ -54,6 +72,9 @@ def test_heatmaps_mark_and_select_the_token_and_names_are_readable(server, brows
     page = open_inspect(browser, base + "/inspect")
     _generate(page, "The sea", max_new=5)
     main = page.locator("[data-testid='stMain']")
+    # labels whole at 1500 px ('trace atten…' was cut), the sidebar's model name too
+    assert page.evaluate(CUT_JS, "[data-testid=stWidgetLabel] *, [data-testid=stMetricValue] *, "
+                                 "[data-testid=stSidebar] [data-baseweb=select] *") == []
     assert str(ROOT) not in main.inner_text()                          # no server path in the header (issue 45)
     expect(main.get_by_text(re.compile(r"checkpoint checkpoints/default"))).to_be_visible()
 
@@ -94,6 +115,8 @@ def test_heatmaps_mark_and_select_the_token_and_names_are_readable(server, brows
     with page.expect_download() as dl:
         button.click()
     assert re.fullmatch(r"checkpoint-default_The-sea_\d{8}-\d{6}\.json", dl.value.suggested_filename)
+    saved = tmp_path / dl.value.suggested_filename
+    dl.value.save_as(saved)
 
     bad = tmp_path / "bad_trace.json"
     bad.write_text("{not json")
@@ -103,3 +126,20 @@ def test_heatmaps_mark_and_select_the_token_and_names_are_readable(server, brows
     expect(error).to_be_visible(timeout=60_000)
     assert error.inner_text().count("bad_trace.json") == 1, error.inner_text()
     page.close()
+
+    # a phone, replaying the saved trace: no sideways scroll, heatmap cell numbers not drawn over each other,
+    # chart titles inside their chart
+    phone = browser.new_page(viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    phone.set_default_timeout(60_000)
+    phone.goto(base + "/inspect")
+    phone.get_by_role("button", name="Generate").wait_for(timeout=120_000)
+    phone.get_by_text("Replay a saved trace").first.click()
+    phone.locator(".st-key-inspect_upload [data-testid='stFileUploaderDropzoneInput']").set_input_files(str(saved))
+    phone.get_by_text(f"loaded: {saved.name}").first.wait_for(timeout=60_000)
+    settled(phone)
+    experts = phone.locator(CHART).filter(has_text="chosen experts per token and layer")
+    experts.scroll_into_view_if_needed()
+    phone.wait_for_timeout(500)
+    phone.screenshot(path=str(screenshots / "inspect_marks_phone.png"))
+    assert phone.evaluate(PHONE_JS) == {"doc": True, "cells": [], "titles": []}
+    phone.close()
