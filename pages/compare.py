@@ -4,9 +4,9 @@ import streamlit as st
 from v41viz.arch import compare
 from v41viz.ui.compare_runs import runs_part
 from v41viz.ui.plain_text import literal
-from v41viz.ui.sidebar import args_for, available_configs, page_setup
+from v41viz.ui.sidebar import args_for, available_configs, config_label, page_setup
 
-page_setup("Compare")
+page_setup("Compare", config_picker=False)   # its A and B pickers choose
 st.title("Compare")
 # Only the open tab's body runs, so the Configs tab never imports torch. The tab is kept in the URL (?view=Runs) and
 # in the session by hand: a tab bound to the URL would make st.switch_page (Open in Inspect) fail to clear it.
@@ -34,8 +34,8 @@ def configs_part() -> None:
             wanted = st.query_params.get(side, default)
             st.session_state[f"compare_{side}"] = wanted if wanted in options else options[0]
     c1, c2 = st.columns(2)
-    key_a = c1.selectbox("A", options, key="compare_a")
-    key_b = c2.selectbox("B", options, key="compare_b")
+    key_a = c1.selectbox("A", options, key="compare_a", format_func=config_label)
+    key_b = c2.selectbox("B", options, key="compare_b", format_func=config_label)
     if (st.query_params.get("a"), st.query_params.get("b")) != (key_a, key_b):
         st.query_params["a"], st.query_params["b"] = key_a, key_b   # one by one: ?view stays
     a, b = args_for(key_a), args_for(key_b)
@@ -43,9 +43,9 @@ def configs_part() -> None:
     st.markdown(f"**{table['differs'].sum()} of {len(table)}** sizes and mechanisms differ.")
     st.table(highlight(table.set_index("quantity")))
     s1, s2 = st.columns(2)
-    s1.markdown(f"**Folded layer stack — {literal(key_a)}**")
+    s1.markdown(f"**Folded layer stack — {literal(config_label(key_a))}**")
     s1.dataframe(compare.folded_stack(a), hide_index=True, width="stretch")
-    s2.markdown(f"**Folded layer stack — {literal(key_b)}**")
+    s2.markdown(f"**Folded layer stack — {literal(config_label(key_b))}**")
     s2.dataframe(compare.folded_stack(b), hide_index=True, width="stretch")
     roles = compare.role_diff(a, b)
     st.markdown(f"**Layer roles** — {roles['differs'].sum()} of {len(roles)} positions differ")

@@ -56,6 +56,13 @@ TICK_OVERLAPS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].ma
 })"""
 
 
+# Text cut with an ellipsis: elements whose text is wider than their box while they hide the rest.
+CUT_JS = """(selector) => [...document.querySelectorAll(selector)].filter(e => {
+    const s = getComputedStyle(e);
+    return e.scrollWidth > e.clientWidth + 1 && (s.textOverflow === 'ellipsis' || s.overflow === 'hidden');
+}).map(e => e.textContent)"""
+
+
 def tick_overlaps(page) -> dict[str, list[str]]:
     """{chart title: overlapping tick label pairs} for every chart that has any."""
     return {title: pairs for title, pairs in page.evaluate(TICK_OVERLAPS_JS) if pairs}

@@ -73,13 +73,27 @@ def test_engine_source_read_from_files_equals_what_inspect_finds(module_type):
 
 def test_the_memory_plan_chart_stacks_each_gpu_and_groups_equal_ones():
     from engine.plan.memory_plan import Hardware, memory_plan
-    from v41viz.arch.plan_panels import SEGMENTS, device_bars_svg
+    from v41viz.arch.plan_panels import SEGMENTS, device_bars_figure
     plan = memory_plan(load_config(list_presets()["deepseek-v4.1-flash"]), Hardware(gpus=8, gpu_mem_gib=141))
-    root = ET.fromstring(device_bars_svg(plan))
-    svg = "{http://www.w3.org/2000/svg}"
-    labels = [t.text for t in root.iter(f"{svg}text")]
-    assert "GPU 0–7" in labels and "141 GiB" in labels       # eight equal GPUs share one bar; the capacity line
-    bars = [r for r in root.iter(f"{svg}rect") if r.find(f"{svg}title") is not None]
-    assert {r.find(f"{svg}title").text.split(" · ")[1].split(":")[0] for r in bars} == {s[0] for s in SEGMENTS}
-    gib = sum(float(r.find(f"{svg}title").text.rsplit(": ", 1)[1].removesuffix(" GiB")) for r in bars)
+    fig = device_bars_figure(plan)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert all(list(t.y) == ["GPU 0–7"] for t in bars)        # eight equal GPUs share one bar
+    assert {t.name for t in bars} == {s[0] for s in SEGMENTS}
+    assert fig.layout.shapes[0].x0 == 141 and "141 GiB" in fig.layout.annotations[0].text   # the capacity line
+    gib = sum(t.x[0] for t in bars)
     assert abs(gib - plan.gpus[0].need / 2**30) < 0.05, (gib, plan.gpus[0])   # the bar adds up to the need
+
+
+def test_every_boxs_text_stays_inside_its_box_even_when_cut():
+    """Issue 45: a three-line subtitle ran past its box into the arrow label below; what fits no font step keeps
+    the subtitle lines that fit and ends the last with '…'."""
+    long = "ratio-1 · KV source · candidate source · Engram · DSpark tap · " * 3
+    lines = fit_box_text("layer 20", long, 3.4, 0.8, 11, 9.5, True)
+    assert lines_height(lines) <= 0.8 * PX_Y and lines[-1].text.endswith("…") and lines[0].text == "layer 20"
+    assert all(text_px(line.text, line.size, line.bold) <= 3.4 * PX_X - 6 for line in lines)
+    view = build_view(load_config(list_presets()["tiny-v4.1"]))
+    lay = build_layout(view.args, view.graph, view.groups, set(), view.default_focus(), view.size_text)
+    for b in lay.boxes.values():
+        if not b.container:
+            fitted = fit_box_text(b.title, b.subtitle, b.w, b.h, 11, 9.5, True)
+            assert lines_height(fitted) <= b.h * PX_Y - 6, (b.node, fitted)

@@ -106,8 +106,8 @@ def test_broken_upload_is_reported_and_the_app_keeps_running(server, browser, tm
     good.write_text((ROOT / "configs" / "tiny-v4.1.json").read_text())
     page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(good))
     page.get_by_role("heading", name="my-model").wait_for(timeout=60_000)
-    page.wait_for_function("() => window.location.search.includes('config=upload%3Amy-model.json')"
-                           " || window.location.search.includes('config=upload:my-model.json')", timeout=15_000)
+    page.wait_for_function("() => window.location.search.includes('config=upload%3Amy-model%40')"
+                           " || window.location.search.includes('config=upload:my-model@')", timeout=15_000)
     assert "inside layers.2" in page.locator(".v41-root").first.inner_text()
     page.close()
 

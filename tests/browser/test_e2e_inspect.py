@@ -87,6 +87,7 @@ def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
     page = open_inspect(browser, base + "/inspect?panel=Engram")
     _generate(page, "The sea was calm", max_new=8)
     live_text = _output(page)
+    saved = {}
     for fmt, label in (("parquet", "Parquet tables (zip)"), ("safetensors", "safetensors")):
         option = page.get_by_role("option", name=label)
         for _ in range(3):  # a click that lands during a rerun can be swallowed: open the list again
@@ -97,27 +98,29 @@ def test_export_then_replay_the_trace(server, browser, tmp_path, screenshots):
             except Exception:
                 settled(page)
         option.click()
-        wanted = {"parquet": "trace.parquet.zip", "safetensors": "trace.safetensors"}[fmt]
-        button = page.get_by_role("button", name=re.compile("^Download " + re.escape(wanted)))
+        wanted = {"parquet": ".parquet.zip", "safetensors": ".safetensors"}[fmt]
+        button = page.get_by_role("button", name=re.compile(r"^Download \S+" + re.escape(wanted) + " "))
         button.wait_for(timeout=30_000)                    # the button of the chosen format has rendered
         with page.expect_download() as dl:
             button.click()
         path = tmp_path / dl.value.suggested_filename
         dl.value.save_as(path)
-        assert path.stat().st_size > 1000 and path.name == wanted
+        # named by model, prompt and time (issue 45), not trace.<suffix> for every run
+        assert path.stat().st_size > 1000 and re.fullmatch(r"[\w.-]+_\d{8}-\d{6}" + re.escape(wanted), path.name)
+        saved[fmt] = path
     import zipfile
 
     import pandas as pd  # the Parquet zip is readable by pandas
-    with zipfile.ZipFile(tmp_path / "trace.parquet.zip") as z:
+    with zipfile.ZipFile(saved["parquet"]) as z:
         z.extract("moe.parquet", tmp_path)
     assert len(pd.read_parquet(tmp_path / "moe.parquet")) > 0
     page.get_by_text("Replay a saved trace").first.click()
     page.locator(".st-key-inspect_upload [data-testid='stFileUploaderDropzoneInput']").set_input_files(
-        str(tmp_path / "trace.safetensors"))
-    page.get_by_text("loaded: trace.safetensors").first.wait_for(timeout=60_000)
+        str(saved["safetensors"]))
+    page.get_by_text(f"loaded: {saved['safetensors'].name}").first.wait_for(timeout=60_000)
     _panel(page, "Engram")
     text = page.inner_text("[data-testid='stMain']")
-    assert "loaded: trace.safetensors (a saved trace" in text and "stream 3" in text
+    assert f"loaded: {saved['safetensors'].name} (a saved trace" in text and "stream 3" in text
     assert _output(page) == live_text          # the replayed trace carries the same prompt and text
     token = page.locator(".st-key-inspect_token input[type=range]")
     token.focus()

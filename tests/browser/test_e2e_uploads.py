@@ -3,6 +3,7 @@ literally, the page keeps working, and the server's memory stays where it was.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,29 @@ def test_an_upload_over_the_size_cap_never_reaches_the_server(server, browser):
         .wait_for(timeout=WAIT_RERUN)
     assert page.get_by_role("heading", name="tiny-v4.1").is_visible()
     page.close()
+
+
+def test_two_uploads_named_config_json_are_two_configs_labelled_by_content(server, browser, screenshots):
+    """Issue 45: the second config.json used to replace the first silently; now each is kept, labelled by what it
+    holds (the same label in the sidebar and on Compare), and one equal to a preset says so."""
+    base, _ = server
+    page = open_architecture(browser, base + "/architecture?config=tiny-v4")
+    tiny = json.loads((ROOT / "configs" / "tiny-v4.1.json").read_text())
+    _upload(page, "config.json", json.dumps(tiny).encode())
+    expect(page.get_by_role("heading", name="same as preset tiny-v4.1")).to_be_visible(timeout=WAIT_PAGE)
+    tiny["n_routed_experts"] = 16
+    _upload(page, "config.json", json.dumps(tiny).encode())
+    expect(page.get_by_role("heading", name="16 experts")).to_be_visible(timeout=WAIT_PAGE)
+    page.locator(".st-key-config_widget input").click()
+    options = page.get_by_role("option").filter(has_text=re.compile(r"^config · ")).all_inner_texts()
+    page.keyboard.press("Escape")
+    assert len(options) == 2, options
+    assert any("8 experts" in o and "same as preset tiny-v4.1" in o for o in options), options
+    assert any("16 experts" in o and o.endswith("uploaded") for o in options), options
+    page.get_by_role("link", name="Compare").click()
+    page.get_by_text("sizes and mechanisms differ").wait_for(timeout=WAIT_PAGE)
+    page.locator(".st-key-compare_a input").click()
+    shown = page.get_by_role("option").all_inner_texts()
+    page.screenshot(path=str(screenshots / "upload_labels_compare.png"))
+    page.close()
+    assert set(options) <= set(shown) and not any(o.startswith("upload:") for o in shown), shown

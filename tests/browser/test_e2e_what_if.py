@@ -50,7 +50,7 @@ def test_ban_the_chosen_expert_from_the_selected_token_on(server, browser, scree
     page.get_by_role("button", name="Generate").click()
     page.get_by_text(FINISHED).wait_for(timeout=180_000)
     settled(page)
-    baseline = download(page, page.get_by_role("button", name=re.compile(r"^Download trace\.json")),
+    baseline = download(page, page.get_by_role("button", name=re.compile(r"^Download \S+\.json \(")),
                         tmp_path / "baseline.json")
     rec = baseline.fact("moe", f"layers.{LAYER}.ffn", 0, POS)
     top = int(rec["ids"][int(rec["weights"].argmax())])
@@ -128,7 +128,7 @@ def test_ban_the_chosen_expert_from_the_selected_token_on(server, browser, scree
     page.get_by_role("button", name="Run the linked generation").click()
     page.get_by_text(FINISHED).wait_for(timeout=180_000)
     settled(page)
-    again = download(page, page.get_by_role("button", name=re.compile(r"^Download trace\.json")),
+    again = download(page, page.get_by_role("button", name=re.compile(r"^Download \S+\.json \(")),
                      tmp_path / "link.json")
     assert again.meta["interventions"] == [change.text]
     assert [t.token_id for t in again.tokens()] == [t.token_id for t in b]      # the same run again

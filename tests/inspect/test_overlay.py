@@ -247,7 +247,7 @@ def test_the_run_diff_painted_on_run_a(pair, slots):
         same = r[(r["layer"] == path) & r["same input"]]
         assert o.cells[path].value == pytest.approx(same["jaccard"].mean()) and o.cells[f"layers.{layer}"] == \
             o.cells[path]
-    assert o.scale.centre == pytest.approx(diff.chance_agreement) and (o.scale.lo, o.scale.hi) == (0.0, 1.0)
+    assert o.scale == Scale.agreement() and (o.scale.lo, o.scale.hi) == (0.0, 1.0)   # as the Compare heatmap
     # one aligned token: the Jaccard of the experts each run chose for it
     index = 7                                                  # the third new token: line 5 prompt + 2
     pa, pb, name = aligned_positions(diff, index)

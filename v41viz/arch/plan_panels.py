@@ -1,10 +1,8 @@
 """The memory plan as tables and a per-device figure (engine.plan.memory_plan), without Streamlit."""
 from __future__ import annotations
 
-import math
-from html import escape
-
 import pandas as pd
+import plotly.graph_objects as go
 
 from engine.accounting.accounting import GIB
 from engine.plan.fit import Option
@@ -56,9 +54,8 @@ def device_table(plan: MemoryPlan) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def device_bars_svg(plan: MemoryPlan, width: int = 720) -> str:
-    """Stacked GiB per GPU by segment as an SVG, with the GPU's memory as a dashed line; GPUs that hold the same
-    bytes share a bar ('GPU 1–7'). Plain SVG: the page draws it without a chart library."""
+def device_bars(plan: MemoryPlan) -> list[tuple[str, tuple[int, ...]]]:
+    """(label, bytes per SEGMENTS entry) per bar; GPUs that hold the same bytes share a bar ('GPU 1–7')."""
     parts = {p.key: p for p in (*plan.weights, *plan.runtime)}
     loads = [tuple(sum(parts[k].gpu[r] for k in keys if k in parts) for _, keys, _ in SEGMENTS)
              for r in range(plan.hardware.gpus)]
@@ -68,48 +65,28 @@ def device_bars_svg(plan: MemoryPlan, width: int = 720) -> str:
         if r == len(loads) or loads[r] != loads[first]:
             bars.append((f"GPU {first}" if r - first == 1 else f"GPU {first}–{r - 1}", loads[first]))
             first = r
+    return bars
+
+
+def device_bars_figure(plan: MemoryPlan) -> go.Figure:
+    """Stacked GiB per GPU by segment, with the GPU's memory as a dashed line. A plotly chart, not an inline SVG:
+    st.html strips <svg>, so an SVG drawn there showed as an empty element."""
+    bars = device_bars(plan)
+    labels = [label for label, _ in bars][::-1]    # GPU 0 on top
+    fig = go.Figure()
+    for i, (name, _, colour) in enumerate(SEGMENTS):
+        gib = [load[i] / GIB for _, load in bars][::-1]
+        if any(gib):
+            fig.add_bar(y=labels, x=gib, name=name, orientation="h", marker_color=colour,
+                        hovertemplate=f"%{{y}} · {name}: %{{x:.2f}} GiB<extra></extra>")
     capacity = plan.hardware.gpu_mem_gib
-    top = max(capacity, max(sum(b) for _, b in bars) / GIB) * 1.08
-    left, bar_h, pitch, y0 = 78, 16, 22, 44
-    span = width - left - 16
-    height = y0 + pitch * len(bars) + 26
-
-    def x(gib: float) -> float:
-        return round(left + span * gib / top, 1)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
-           f'style="max-width:{width}px;font-family:inherit;font-size:12px" role="img" '
-           f'aria-label="GiB per GPU by part">']
-    lx = left
-    for label, _, colour in SEGMENTS:   # legend
-        out.append(f'<rect x="{lx}" y="6" width="11" height="11" fill="{colour}"/>'
-                   f'<text x="{lx + 15}" y="15" fill="#374151">{escape(label)}</text>')
-        lx += 26 + 6.2 * len(label)
-    for i, (label, load) in enumerate(bars):
-        y, at = y0 + i * pitch, 0.0
-        out.append(f'<text x="{left - 6}" y="{y + bar_h - 4}" text-anchor="end" fill="#374151">{escape(label)}</text>')
-        for (name, _, colour), nbytes in zip(SEGMENTS, load):
-            gib = nbytes / GIB
-            if gib > 0:
-                out.append(f'<rect x="{x(at)}" y="{y}" width="{round(x(at + gib) - x(at), 1)}" height="{bar_h}" '
-                           f'fill="{colour}"><title>{escape(label)} · {escape(name)}: {gib:.2f} GiB</title></rect>')
-            at += gib
-    bottom = y0 + pitch * len(bars)
-    out.append(f'<line x1="{x(capacity)}" y1="{y0 - 8}" x2="{x(capacity)}" y2="{bottom}" stroke="#b91c1c" '
-               f'stroke-dasharray="4 3"/><text x="{x(capacity)}" y="{y0 - 11}" text-anchor="middle" '
-               f'fill="#b91c1c">{capacity:g} GiB</text>')
-    step = _tick_step(top)
-    for k in range(int(top // step) + 1):
-        out.append(f'<text x="{x(k * step)}" y="{bottom + 16}" text-anchor="middle" fill="#6b7280">'
-                   f'{k * step:g}</text>')
-    out.append(f'<text x="{width - 16}" y="{bottom + 16}" text-anchor="end" fill="#6b7280">GiB</text></svg>')
-    return "".join(out)
-
-
-def _tick_step(top: float) -> float:
-    """A 1-2-5 step giving 4 to 10 ticks up to top."""
-    step = 10 ** math.floor(math.log10(top / 5))
-    for m in (1, 2, 5, 10):
-        if top / (step * m) <= 8:
-            return step * m
-    return step * 10
+    fig.add_vline(x=capacity, line=dict(color="#b91c1c", dash="dash", width=1.5),
+                  annotation=dict(text=f"{capacity:g} GiB per GPU", font=dict(color="#b91c1c", size=11)),
+                  annotation_position="top")
+    top = max(capacity, max(sum(load) for _, load in bars) / GIB) * 1.08
+    fig.update_layout(barmode="stack", height=150 + 30 * len(bars), margin=dict(l=10, r=10, t=64, b=10),
+                      xaxis=dict(title="GiB", range=[0, top]), yaxis=dict(type="category", automargin=True),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", traceorder="normal"),
+                      title=dict(text="GiB per GPU by part", font=dict(size=13), x=0.01, y=0.985, yanchor="top",
+                                 yref="container"))
+    return fig

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from engine.trace import Trace
 
 from .links import related
-from .panel_style import thinned_categories
+from .panel_style import clickable_cells, mark_token, thinned_categories
 from .tokens import axis_labels, coloured_text_html, labels
 
 
@@ -40,8 +40,9 @@ def gate_grid(trace: Trace, path: str, row: int = 0) -> tuple[list[int], np.ndar
     return [p for p, _ in recs], np.stack([g.reshape(-1) for _, g in recs])
 
 
-def gate_figure(trace: Trace, path: str, row: int = 0) -> go.Figure:
-    """Stream × token heatmap of how much of the retrieved memory each mHC stream lets in."""
+def gate_figure(trace: Trace, path: str, row: int = 0, pos: int | None = None) -> go.Figure:
+    """Stream × token heatmap of how much of the retrieved memory each mHC stream lets in (the selected token
+    outlined)."""
     positions, gates = gate_grid(trace, path, row)
     x, names = axis_labels(trace, row, positions), labels(trace, row, positions)
     fig = go.Figure(go.Heatmap(z=gates.T, x=x, y=[f"stream {i}" for i in range(gates.shape[1])],
@@ -50,7 +51,7 @@ def gate_figure(trace: Trace, path: str, row: int = 0) -> go.Figure:
                                hovertemplate="%{y} · %{customdata}: gate %{z:.3f}<extra></extra>"))
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), xaxis=dict(title="token (position:text)"),
                       title=dict(text=f"{path}: gate per stream and token", font=dict(size=13)))
-    return thinned_categories(fig, x)
+    return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 
 def token_summary(trace: Trace, path: str, row: int = 0) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from engine.accounting.experts_touched import expected_touched
 from engine.trace import Trace, path_order
 
 from .links import related
-from .panel_style import categorical_scale, ratio_scale, thinned_categories, titled
+from .panel_style import categorical_scale, clickable_cells, mark_token, ratio_scale, thinned_categories, titled
 from .tokens import axis_labels, labels
 from .trace_model import trace_model
 
@@ -36,9 +36,27 @@ def choice_grid(trace: Trace, row: int, paths: list[str]):
     return positions, ids, weights, scores
 
 
-def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_experts: int | None = None) -> go.Figure:
+LABELLED_TOKENS = 24   # up to this many tokens each cell writes its experts; beyond, a colour bar names the ids
+TICK_PX = 18           # the colour bar's labels at least this far apart (16 on one layer's short chart overlapped)
+
+
+def _height(n_paths: int) -> int:
+    return max(300, 26 * n_paths + 170)
+
+
+def _id_colorbar(n: int, n_paths: int) -> dict:
+    """Expert-id labels on the colour bar, thinned so that they never overlap on a short chart."""
+    room = max(1, (_height(n_paths) - 150) // TICK_PX)   # the plot area's height less the token axis, in labels
+    ticks = list(range(0, n, max(1, -(-n // room))))
+    return dict(title="top expert", tickvals=ticks, ticktext=[f"e{e}" for e in ticks])
+
+
+def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_experts: int | None = None,
+                   pos: int | None = None) -> go.Figure:
     """Cell colour = the expert with the largest routing weight, one palette colour per expert id (ids are
-    categories); the cell text lists every chosen expert. n_experts: the recording model's (from the trace)."""
+    categories, Kelly's colours); the cells write every chosen expert, or past LABELLED_TOKENS tokens a colour bar
+    with thinned labels names the ids (16 labels overlapped on one layer's short chart). n_experts: the recording
+    model's (from the trace); pos: the selected token, outlined."""
     paths = moe_paths(trace, only)
     positions, ids, weights, scores = choice_grid(trace, row, paths)
     n = max(n_experts or trace_model(trace).n_routed_experts, int(ids.max()) + 1 if ids.size else 1)
@@ -51,19 +69,17 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_expert
               for j in range(len(positions))] for i in range(len(paths))]
     z = np.where(top >= 0, top, np.nan).astype(float)
     x = axis_labels(trace, row, positions)
-    ticks = list(range(0, n, max(1, -(-n // 16))))
     hashed = trace_model(trace).n_hash_layers  # V4: these layers pick experts from the token id (tid2eid)
     y = [f"{p} (hash-routed)" if p.startswith("layers.") and int(p.split(".")[1]) < hashed else p for p in paths]
     fig = go.Figure(go.Heatmap(z=z, x=x, y=y, text=text, textfont=dict(size=9),
-                               texttemplate="%{text}" if len(positions) <= 24 else "",  # narrow cells: hover only
+                               texttemplate="%{text}" if len(positions) <= LABELLED_TOKENS else "",  # narrow: hover
                                customdata=hover, hovertemplate="%{y} · %{customdata}<extra></extra>",
                                colorscale=categorical_scale(n), zmin=-0.5, zmax=n - 0.5, xgap=1, ygap=1,
-                               colorbar=dict(title="top expert", tickvals=ticks, ticktext=[f"e{e}" for e in ticks])))
-    fig.update_layout(height=max(300, 26 * len(paths) + 170), margin=dict(l=10, r=10, t=30, b=10),
+                               showscale=len(positions) > LABELLED_TOKENS, colorbar=_id_colorbar(n, len(paths))))
+    fig.update_layout(height=_height(len(paths)), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed", title=None), xaxis=dict(title="token (position:text)"),
-                      title=dict(text="chosen experts per token and layer (hover: weights and scores)",
-                                 font=dict(size=13)))
-    return thinned_categories(fig, x)
+                      title=dict(text="chosen experts per token and layer", font=dict(size=13)))
+    return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 
 def load_table(trace: Trace, paths: list[str], n_experts: int) -> pd.DataFrame:

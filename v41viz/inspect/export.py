@@ -1,7 +1,9 @@
 """Trace export and upload: bytes in each file format for a download button, and a Trace from uploaded bytes."""
 from __future__ import annotations
 
+import re
 import tempfile
+import time
 from pathlib import Path
 
 from engine.spec.errors import InputError
@@ -11,6 +13,18 @@ from engine.trace.limits import MAX_FILE_BYTES, MiB
 FORMATS = {"json": ("trace.json", "application/json"),
            "parquet": ("trace.parquet.zip", "application/zip"),
            "safetensors": ("trace.safetensors", "application/octet-stream")}
+UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")   # what may not stand in a file name on any system (and spaces)
+RUNS = re.compile(r"[-.]{2,}")             # '..' and '-.-' left where unsafe characters were
+
+
+def download_name(model: str, prompt: str, when: float, fmt: str) -> str:
+    """'<model>_<prompt words>_<UTC time><suffix>': traces saved one after another no longer all land as trace.json,
+    and the name says which model and prompt made them. Only [A-Za-z0-9._-]; the prompt part is cut at 40."""
+    def safe(text: str, limit: int) -> str:
+        return RUNS.sub("-", UNSAFE.sub("-", text)).strip("-.")[:limit].rstrip("-.")
+    suffix = FORMATS[fmt][0].removeprefix("trace")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(when))
+    return "_".join(part for part in (safe(model, 60) or "model", safe(prompt, 40) or "prompt", stamp)) + suffix
 
 
 def trace_bytes(trace: Trace, fmt: str) -> bytes:

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from engine.trace import Trace
 
 from .links import related
-from .panel_style import thinned_categories, titled
+from .panel_style import clickable_cells, mark_token, thinned_categories, titled
 from .tokens import axis_labels, labels, probability_text, visible
 
 TextOf = Callable[[int], str]
@@ -113,9 +113,10 @@ def next_token_grid(trace: Trace, row: int, paths: list[str]) -> tuple[list[int]
     return positions, grid
 
 
-def next_token_heatmap(trace: Trace, row: int = 0, paths: list[str] | None = None) -> go.Figure:
+def next_token_heatmap(trace: Trace, row: int = 0, paths: list[str] | None = None,
+                       pos: int | None = None) -> go.Figure:
     """Layers × tokens: log10 of the probability each layer gives the token that came next (where the
-    prediction forms in depth, over the whole run)."""
+    prediction forms in depth, over the whole run); the selected token outlined."""
     paths = lens_paths(trace) if paths is None else paths
     positions, grid = next_token_grid(trace, row, paths)
     x, names = axis_labels(trace, row, positions), labels(trace, row, positions)
@@ -128,7 +129,7 @@ def next_token_heatmap(trace: Trace, row: int = 0, paths: list[str] | None = Non
     fig.update_layout(xaxis=dict(title="token (position:text)"))
     fig = titled(fig, "Probability each layer gives the token that came next", height=max(300, 120 + 26 * len(paths)),
                  legend=False)
-    return thinned_categories(fig, x)
+    return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
 
 
 def logprob_figure(trace: Trace, row: int = 0, pos: int | None = None) -> go.Figure:

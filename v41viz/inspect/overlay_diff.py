@@ -54,8 +54,8 @@ def _missing(one: int | None, other: int | None) -> str:
 def _agreement(diff: RunDiff, a: Trace, b: Trace, one: bool, pa, pb, row: int):
     cells: dict[str, Cell] = {}
     chance = diff.chance_agreement
-    scale = Scale.around(0.0, chance if math.isfinite(chance) else 0.5, 1.0)
-    ends = ("below chance", "identical")
+    scale = Scale.agreement()   # the Compare page's heatmap uses the same scale
+    ends = ("no shared expert", "identical")
     if not diff.routing_comparable:
         return cells, scale, f"Routing agreement is {diff.routing_note}.", ends
     paths = sorted({p for p in diff.routing["layer"]}, key=lf.layer_number)
@@ -81,7 +81,7 @@ def _agreement(diff: RunDiff, a: Trace, b: Trace, one: bool, pa, pb, row: int):
                                        f"({len(use)} tokens); chance {chance:.2f}")
         cells[path] = cells[layer] = cell
     note = (f"How often both runs chose the same experts at a layer (Jaccard overlap; {chance:.2f} is the chance level "
-            f"of independent choices, white). {diff.routing_note[:1].upper()}{diff.routing_note[1:]}.")
+            f"of independent choices). {diff.routing_note[:1].upper()}{diff.routing_note[1:]}.")
     return cells, scale, note, ends
 
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 SEQUENTIAL = ("#fef3c7", "#fde68a", "#fcc74d", "#f7ad45", "#f39340")   # the box's grey subtitle keeps >= 3:1
 DIVERGING = ("#7fb0f0", "#bcd5f6", "#f8fafc", "#f6c1c1", "#f08a8a")
+# Routing agreement (0 = no shared expert … 1 = the same experts), on the diagram and in the Compare heatmap alike:
+# one light-to-teal ramp, no red (a low agreement is a fact about two runs, not an alarm).
+AGREEMENT = ("#f8fafc", "#dcefe9", "#bfe3d9", "#9fd5c7", "#7cc5b4")   # MUTED subtitles keep >= 3:1
 NOT_RECORDED = "#e5e7eb"     # a box the metric applies to, without data in this run
 
 
@@ -19,6 +22,7 @@ class Scale:
     digits: int = 2
     centre: float | None = None
     style: str = "fixed"
+    ramp: tuple[str, ...] | None = None   # stops of a sequential scale other than SEQUENTIAL
 
     @classmethod
     def sequential(cls, lo: float, hi: float, digits: int = 2, style: str = "fixed") -> Scale:
@@ -37,9 +41,19 @@ class Scale:
         """A bounded quantity (an agreement in 0..1) coloured against a reference level inside its range."""
         return cls(float(lo), float(hi), digits, float(centre))
 
+    @classmethod
+    def agreement(cls) -> Scale:
+        """An agreement in 0..1 on the AGREEMENT ramp."""
+        return cls(0.0, 1.0, 2, None, "fixed", AGREEMENT)
+
     @property
     def stops(self) -> tuple[str, ...]:
-        return SEQUENTIAL if self.centre is None else DIVERGING
+        return self.ramp or (SEQUENTIAL if self.centre is None else DIVERGING)
+
+    def plotly_scale(self) -> list[list]:
+        """The same stops as a plotly colorscale (for a heatmap from lo to hi)."""
+        stops = self.stops
+        return [[i / (len(stops) - 1), c] for i, c in enumerate(stops)]
 
     def position(self, value: float) -> float:
         """Where a value sits on the ramp, 0..1 (a diverging scale puts the centre at 0.5)."""

@@ -77,6 +77,7 @@ class LiveRun:
     status: str = "running"            # running | done | stopped | error
     n_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)   # wall clock, for the saved trace's file name
     first_token_s: float | None = None  # from the click to the first streamed token
     elapsed_s: float = 0.0
     finish: str = ""                   # the engine's finish reason: length | stop | max_seq_len

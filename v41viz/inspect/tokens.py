@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import unicodedata
 from collections.abc import Callable
 
@@ -16,11 +17,16 @@ from .run_meta import settings_of
 
 WHITESPACE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 AXIS_CHARS = 6     # token text kept in an axis label (the hover and the table show all of it)
+# DeepSeek's special tokens, '<｜begin▁of▁sentence｜>': their fullwidth bars are in few fonts (empty boxes on many
+# machines) and the name is long; shown as ‹bos›, ‹eos›, ‹User› (‹ › are in every font).
+SPECIAL = re.compile(r"<｜(.+?)｜>")
+SPECIAL_NAMES = {"begin▁of▁sentence": "bos", "end▁of▁sentence": "eos"}
 
 
 def visible(text: str) -> str:
     """A token's text with whitespace and control characters made visible (a space is ·, a line break ⏎,
-    other invisible characters their \\u escape); ∅ for an empty text."""
+    other invisible characters their \\u escape, a special token ‹bos›); ∅ for an empty text."""
+    text = SPECIAL.sub(lambda m: f"‹{SPECIAL_NAMES.get(m[1], m[1].replace('▁', ' '))}›", text)
     out = []
     for ch in text:
         if ch in WHITESPACE:
@@ -118,11 +124,19 @@ def token_detail_html(trace: Trace, row: int, pos: int, token_text: Callable[[in
             + (f" · alternatives: <code>{html.escape(alts)}</code>" if alts else "") + "</div>")
 
 
+def token_html(text: str) -> str:
+    """A token's text as HTML: escaped, a special token as a ‹bos› chip (page_style's .v41-special)."""
+    parts = SPECIAL.split(text)   # [text, name, text, name, …]
+    return "".join(html.escape(part) if i % 2 == 0 else
+                   f'<span class="v41-special">‹{html.escape(SPECIAL_NAMES.get(part, part.replace("▁", " ")))}›</span>'
+                   for i, part in enumerate(parts))
+
+
 def coloured_text_html(texts: list[str], values: list[float], title: str, lo: float = 0.0, hi: float = 1.0) -> str:
     """Spans whose background deepens with value in [lo, hi] (NaN = not recorded: no colour); hover gives it."""
     spans = []
     for text, v in zip(texts, values):
-        shown = html.escape(text).replace("\n", "⏎<br>") or "∅"
+        shown = token_html(text).replace("\n", "⏎<br>") or "∅"
         if v is None or np.isnan(v):
             spans.append(f'<span title="{html.escape(title)}: not recorded" style="color:#6b7280">{shown}</span>')
             continue

@@ -24,6 +24,7 @@ from .diagram_component import picked, toggled
 from .overlay_controls import LiveOverlay, paint
 from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
+from .sidebar import config_label
 from .static_table import show_table
 from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
 
@@ -31,6 +32,7 @@ NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "ar
 OPEN, TOGGLE = "arch_open", "arch_toggle"          # opened boxes ('attn', 'ffn'); a clicked open/close control
 SEARCH, FOUND, HIT = "arch_search", "arch_found", "arch_hit"   # the search box; its pick; which match is shown
 CENTRE, LAST = "arch_centre", "arch_last_node"     # the drawing centres on the node when the counter moves
+PLAN_CONTEXT, PLAN_CONTEXT_OWNER = "plan_context", "plan_context_config"   # the plan's context, and for whom
 BESIDE = "arch_beside"                             # the details panel beside the diagram instead of below
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
 KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept", BESIDE: "arch_beside_kept"}
@@ -114,7 +116,7 @@ def write_url(state: ViewState, extra: dict[str, str] | None = None) -> None:
 def header(config_key: str, view: ModelView) -> None:
     a, acc = view.args, view.accounting.to_json()
     uploaded = config_key.startswith(UPLOAD_PREFIX)      # its name is the user's file name: shown literally
-    st.title((literal(a.name) if uploaded else a.name) or "uploaded config")
+    st.title(literal(config_label(config_key)) if uploaded else a.name)
     st.caption(f"{a.family.upper()} family · drawn from config.json (an illustration of the config; live data appear "
                "only where the Live data panel paints a run's facts on it)")
     cols = st.columns(6)
@@ -183,9 +185,11 @@ def controls(view: ModelView, index: ModuleIndex, painting: bool = False) -> Non
                   "centres it in the drawing.")
     hits = index.find(st.session_state.get(SEARCH, ""))
     with c2.container(horizontal=True, vertical_alignment="center", gap="small"):
-        st.button("", icon=":material/chevron_left:", key="arch_prev", help="previous match",
+        # the label names the button for screen readers (an empty one was announced "chevron_left icon"); the
+        # page CSS hides it from view (page_style.ICON_ONLY)
+        st.button("Previous match", icon=":material/chevron_left:", key="arch_prev", help="previous match",
                   on_click=_next_hit, args=(index, -1), disabled=len(hits) < 2)
-        st.button("", icon=":material/chevron_right:", key="arch_next", help="next match",
+        st.button("Next match", icon=":material/chevron_right:", key="arch_next", help="next match",
                   on_click=_next_hit, args=(index, 1), disabled=len(hits) < 2)
         if st.session_state.get(SEARCH, "").strip():
             pos = st.session_state.get(HIT, 0) % len(hits) if hits else 0
@@ -278,13 +282,13 @@ def accounting_tabs(view: ModelView) -> None:
     tabs = st.tabs(["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"],
                    key="arch_accounting_tab", on_change="rerun")
     if tabs[0].open:
-        left, right = tabs[0].columns(2)
-        show_table(panels.reconciliation(acc), left)
-        pub = panels.published(a)
+        show_table(panels.reconciliation(acc), tabs[0])
+        pub = panels.published(a)   # full width below: its "why" column needs the room (it overflowed a half)
         if len(pub):
-            show_table(pub, right)
+            tabs[0].markdown("**Against the published figures**")
+            show_table(pub, tabs[0])
         else:
-            right.info("No published figures exist for this config; only the exact sums are shown.")
+            tabs[0].info("No published figures exist for this config; only the exact sums are shown.")
         for note in acc.notes:
             tabs[0].caption(note)
     if tabs[1].open:
@@ -319,7 +323,13 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
                                 help="one GPU with the routed experts in host RAM" if on_host else None)
     gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, d.gpu_mem_gib, step=1.0, key="plan_gpu_mem")
     host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, d.host_mem_gib, step=64.0, key="plan_host_mem")
-    context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, d.context, step=1024, key="plan_context")
+    longest, source = context_length(view.args)
+    if st.session_state.get(PLAN_CONTEXT_OWNER) != config_key:   # each config starts at its own default
+        st.session_state[PLAN_CONTEXT] = min(d.context, longest)
+        st.session_state[PLAN_CONTEXT_OWNER] = config_key
+    st.session_state[PLAN_CONTEXT] = min(st.session_state.get(PLAN_CONTEXT, d.context), longest)
+    context = cols[3].number_input("context (tokens)", 1, longest, step=min(1024, longest), key=PLAN_CONTEXT,
+                                   help=f"at most {longest:,} tokens for this config ({source})")
     batch = cols[4].number_input("batch (sequences)", 1, 4096, d.batch, key="plan_batch")
     hardware = Hardware(gpus=1 if on_host else int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
                         context=int(context), batch=int(batch), experts="host" if on_host else "device")
@@ -329,7 +339,7 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
         st.warning(f"No plan for these inputs: {e}")
         return
     (st.success if plan.fits else st.warning)(plan.summary())
-    st.html(bars)
+    st.plotly_chart(bars, width="stretch", config={"displayModeBar": False}, key="plan_bars")
     left, right = st.columns([0.72, 0.28])
     show_table(table, left)
     show_table(devices, right, scroll_height=400)
@@ -363,4 +373,4 @@ def _fits(config_key: str, view_id: int, gpu_mem: float, host_mem: float, batch:
 def _plan(config_key: str, view_id: int, hardware: Hardware, _view: ModelView):
     """The plan, its chart and its two tables for one config and hardware: the same for every session (~0.2 s)."""
     plan = memory_plan(_view.args, hardware)
-    return plan, plan_panels.device_bars_svg(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)
+    return plan, plan_panels.device_bars_figure(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)

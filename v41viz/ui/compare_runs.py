@@ -12,7 +12,7 @@ from engine.spec.errors import EngineError
 from ..inspect.export import trace_from_upload
 from ..inspect.tokens import literal_text_html
 from . import engine_session
-from .plain_text import literal
+from .plain_text import literal, load_failure
 from .run_diff_view import Side, show_diff
 
 SOURCE, RUN, UPLOAD = "compare_runs_source", "Run two models", "Compare two saved traces"
@@ -165,7 +165,7 @@ def uploaded_pair() -> None:
             try:
                 held[side] = (digest, file.name, trace_from_upload(file.name, file), "")
             except ValueError as e:   # TraceFormatError and the size limit: the message names the file
-                held[side] = (digest, file.name, None, f"Could not load {file.name}: {e}")
+                held[side] = (digest, file.name, None, load_failure(file.name, e))
         if message := held[side][3]:
             col.error(message, icon=":material/error:")
     loaded = {side: held[side] for side in "AB" if side in held and held[side][2] is not None}

@@ -13,6 +13,8 @@ JS = """
 const NS = 'http://www.w3.org/2000/svg';
 const MAX_SCALE = 1.25;            // the width fit never enlarges the drawing more than this
 const SMALL = 0.8;                 // below this scale (screen px per design px) the shape labels hide
+const READABLE = 0.85;             // a phone opens the drawing at this scale at least (the width fit was 51%)
+const TOUCH = window.matchMedia && window.matchMedia('(pointer: coarse)').matches;
 
 function svgOf(root) { return root.querySelector('svg.v41-diagram'); }
 function full(svg) { return { w: +svg.getAttribute('width'), h: +svg.getAttribute('height') }; }
@@ -118,8 +120,13 @@ function exportPng(root) {
   };
   img.src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(text);
 }
+function firstView(svg) {           // the width fit; on a narrow screen no smaller than READABLE, at the top
+  const v = widthView(svg), { W } = size(svg);
+  if (W / v.w >= READABLE) return v;
+  return { x: 0, y: 0, w: W / READABLE };
+}
 function show(root, data) {
-  const old = svgOf(root), oldName = old && old.dataset.name;
+  const old = svgOf(root), oldName = old && old.dataset.name, oldW = old && full(old).w;
   root.querySelector('.v41-drawing').innerHTML = data.html;
   root.drawn = data.html;
   const svg = svgOf(root);
@@ -127,23 +134,32 @@ function show(root, data) {
   if (!root.view || oldName !== svg.dataset.name) {
     let kept = null;
     try { kept = JSON.parse(sessionStorage.getItem('v41viz.view.' + svg.dataset.name)); } catch (e) {}
-    root.view = kept && kept.w > 0 ? kept : widthView(svg);
+    root.view = kept && kept.w > 0 ? kept : firstView(svg);
+  } else if (oldW && Math.abs(full(svg).w - oldW) > 1 && root.view.w < full(svg).w) {
+    // a box opened or closed changed the drawing's width: fit the new width (an opened box ran off the right
+    // edge, most in the narrower "details beside" column); a later centring moves to the selected box
+    const y = root.view.y;
+    root.view = widthView(svg);
+    root.view.y = y;
   }
   apply(root);
 }
 function build(parentElement) {
   const root = document.createElement('div');
-  root.className = 'v41-root';
+  root.className = 'v41-root' + (TOUCH ? ' v41-touch' : '');
   root.innerHTML = '<div class="v41-bar" role="toolbar" aria-label="diagram view">'
     + '<button data-act="out" title="Zoom out (−)" aria-label="zoom out">−</button>'
     + '<button data-act="in" title="Zoom in (+)" aria-label="zoom in">+</button>'
     + '<button data-act="fit" title="Show the whole drawing (0)">Fit</button>'
     + '<button data-act="width" title="Fit the width (W)">Fit width</button>'
     + '<span class="v41-zoom" aria-live="polite"></span>'
-    + '<span class="v41-hint">Ctrl + wheel zooms · drag or wheel pans · + − 0 W and arrow keys</span>'
+    + '<span class="v41-hint">' + (TOUCH ? 'pinch zooms · drag sideways pans'
+                                    : 'Ctrl + wheel zooms · drag or wheel pans · + − 0 W and arrow keys') + '</span>'
     + '<span class="v41-spacer"></span>'
-    + '<button data-act="svg" title="Download the whole drawing as SVG">⤓ SVG</button>'
-    + '<button data-act="png" title="Download the whole drawing as PNG (2×)">⤓ PNG</button></div>'
+    + '<button data-act="svg" title="Download the whole drawing as SVG"'
+    + ' aria-label="download the drawing as SVG">⤓ SVG</button>'
+    + '<button data-act="png" title="Download the whole drawing as PNG (2×)"'
+    + ' aria-label="download the drawing as PNG">⤓ PNG</button></div>'
     + '<div class="v41-drawing" tabindex="0" aria-label="architecture diagram: + and − zoom, 0 fits, arrows pan">'
     + '</div><div class="v41-tip" role="tooltip"></div>';
   parentElement.appendChild(root);
@@ -199,13 +215,28 @@ function build(parentElement) {
     }
   }, { passive: false });
   let press = null;
+  const touches = new Map();          // pointer id → last position, for a two-finger pinch
+  const pinch = () => {
+    const [a, b] = [...touches.values()];
+    return { d: Math.hypot(a.x - b.x, a.y - b.y), x: (a.x + b.x) / 2, y: (a.y + b.y) / 2 };
+  };
   drawing.addEventListener('pointerdown', e => {
+    if (e.pointerType === 'touch') touches.set(e.pointerId, { x: e.clientX, y: e.clientY });
     root.dragged = false;
     if (e.button === 0 && svgOf(root) && svgOf(root).contains(e.target)) {
       press = { x: e.clientX, y: e.clientY, moved: false };
     }
   });
   drawing.addEventListener('pointermove', e => {
+    if (touches.has(e.pointerId) && touches.size === 2) {
+      const before = pinch();
+      touches.set(e.pointerId, { x: e.clientX, y: e.clientY });
+      const after = pinch(), r = svgOf(root).getBoundingClientRect();
+      if (before.d > 0) zoomAt(root, after.d / before.d, after.x - r.left, after.y - r.top);
+      press = null; root.dragged = true;
+      return;
+    }
+    if (touches.has(e.pointerId)) touches.set(e.pointerId, { x: e.clientX, y: e.clientY });
     if (press && (e.buttons & 1)) {
       const dx = e.clientX - press.x, dy = e.clientY - press.y;
       if (!press.moved && Math.hypot(dx, dy) < 4) return;
@@ -225,7 +256,8 @@ function build(parentElement) {
     tip.style.left = Math.max(0, Math.min(e.clientX - r.left + 14, r.width - tip.offsetWidth - 4)) + 'px';
     tip.style.top = (e.clientY - r.top + 16) + 'px';
   });
-  const release = () => {
+  const release = e => {
+    touches.delete(e.pointerId);
     if (press && press.moved) { root.dragged = true; root.classList.remove('v41-dragging'); }
     press = null;
   };
@@ -248,14 +280,18 @@ export default function ({ data, parentElement, setTriggerValue }) {
 """
 
 CSS = """
-.v41-root { position: relative; }
-.v41-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 4px; margin: 0 0 4px 0; font-size: 12px;
-           color: #374151; }
+.v41-root { position: relative; container-type: inline-size; }
+.v41-bar { display: flex; flex-wrap: nowrap; align-items: center; gap: 4px; margin: 0 0 4px 0; font-size: 12px;
+           color: #374151; white-space: nowrap; }
 .v41-bar button { font: inherit; line-height: 1.4; padding: 1px 9px; min-width: 30px; color: #111827;
                   background: white; border: 1px solid #cbd5e1; border-radius: 4px; cursor: pointer; }
 .v41-bar button:hover, .v41-bar button:focus-visible { border-color: #3b6ea5; outline: none; }
 .v41-zoom { min-width: 3.2em; text-align: right; font-variant-numeric: tabular-nums; }
 .v41-hint { color: #6b7280; margin-left: 6px; }
+@container (max-width: 720px) { .v41-root:not(.v41-touch) .v41-hint { display: none; } }   /* one line */
+.v41-touch .v41-bar { flex-wrap: wrap; }              /* on a touch screen the gesture hint is a line of its own */
+.v41-touch .v41-hint { order: 9; flex-basis: 100%; margin: 2px 0 0 0; }
+@container (max-width: 420px) { .v41-bar button[data-act="width"], .v41-zoom { display: none; } }
 .v41-spacer { flex: 1; }
 .v41-legend { display: flex; flex-wrap: wrap; gap: 2px 14px; font-size: 12px; color: #374151; margin: 0 0 6px 4px; }
 .v41-legend span { display: inline-flex; align-items: center; gap: 5px; }
@@ -263,7 +299,7 @@ CSS = """
 .v41-drawing { outline: none; }
 .v41-drawing:focus-visible .v41-diagram { outline: 2px solid #3b6ea5; outline-offset: 1px; }
 .v41-diagram { display: block; width: 100%; font-family: inherit; user-select: none; background: white;
-               border: 1px solid #e5e7eb; border-radius: 4px; cursor: grab; }
+               border: 1px solid #e5e7eb; border-radius: 4px; cursor: grab; touch-action: pan-y; }
 .v41-dragging .v41-diagram { cursor: grabbing; }
 .v41-small .v41-shape { display: none; }
 .v41-box { cursor: pointer; outline: none; }

@@ -30,6 +30,22 @@ WEIGHT_SEED = 0
 TORCH_THREADS = 1  # on the 2-core target, 2 threads under load ran 5-10× slower than 1
 
 
+def shown_source(source: str) -> str:
+    """The engine's source line ('checkpoint /abs/path/checkpoints/default, …') with the checkpoint named as the
+    reader knows it: relative to the project (checkpoints/default), else the folder's name. The server's file
+    system is not shown on the page nor written into exported traces."""
+    head, sep, rest = source.partition("checkpoint ")
+    if not sep or head:
+        return source
+    path_text, comma, tail = rest.partition(",")
+    path = Path(path_text)
+    try:
+        name = str(path.relative_to(ROOT)) if path.is_absolute() else path_text
+    except ValueError:
+        name = path.name
+    return f"checkpoint {name}{comma}{tail}"
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     key: str                 # preset name, or "checkpoint:<dir name>"

@@ -15,6 +15,7 @@ from . import engine_session
 from .inspect_stream import LIVE, SHOWN, inspect_page_store
 from .page_links import INSPECT_JUMP
 from .page_links import LOADED_RUN as LOADED
+from .plain_text import load_failure
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
 EXPERTS, EXPERTS_KEPT = "inspect_experts", "inspect_experts_kept"
@@ -64,8 +65,9 @@ def experts_setting() -> str:
 
 def weights_note(slot: engine_session.EngineSlot) -> None:
     a = slot.args
+    source = engine_session.shown_source(slot.engine.source)   # not the server's absolute checkpoint path
     line = (f"**{slot.choice.key}** · {a.n_layers} layers + {a.n_draft_stages} draft stages · "
-            f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {slot.engine.source} · "
+            f"{a.n_routed_experts} experts (top-{a.n_activated_experts}) · {source} · "
             f"loaded in {slot.load_s:.1f} s" + (" · routed experts in host memory" if slot.experts == "host" else ""))
     st.markdown(line)
     if slot.choice.service:
@@ -165,7 +167,7 @@ def replay_upload() -> None:
     try:
         trace = trace_from_upload(file.name, file)
     except ValueError as e:  # TraceFormatError and the size limit: the message names the file and the problem
-        st.session_state[UPLOAD_ERROR] = f"Could not load {file.name}: {e}"
+        st.session_state[UPLOAD_ERROR] = load_failure(file.name, e)
         return
     st.session_state.pop(UPLOAD_ERROR, None)
     show_trace(trace, file.name)

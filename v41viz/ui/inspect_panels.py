@@ -7,7 +7,7 @@ import streamlit as st
 from engine.trace import Trace, path_order
 
 from ..inspect import attention_panel, dspark_panel, engram_panel, experts_panel, lens_panel, mhc_panel
-from ..inspect.export import FORMATS, trace_bytes
+from ..inspect.export import FORMATS, download_name, trace_bytes
 from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_detail_html, token_table
@@ -19,6 +19,9 @@ from .page_links import to_diagram_button
 from .static_table import show_table
 
 PANEL, NODE = "inspect_panel", "inspect_node"
+NODE_OPTIONS = "inspect_node_options"   # the module filter's options of this run, for a heatmap click
+CLICK_NOTE = ("Click a cell to select its token (and its layer as the module filter); the outlined column is the "
+              "selected token. Hover a cell for its values; the experts chart colours each cell by its top expert.")
 ALL = "(all modules)"
 CHART = {"width": "stretch", "config": {"displayModeBar": False}}
 
@@ -38,6 +41,7 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     this run lacks is said, with the nearest one of its kind offered)."""
     trace = run.trace
     options = module_options(trace)
+    st.session_state[NODE_OPTIONS] = options
     positions = sorted({pos for _, _, r, pos, _ in trace.facts("mhc") + trace.facts("moe") if r == 0})
     if (wanted := inspect_link.node_request(args, model, options)) is not None:
         st.session_state[NODE] = wanted
@@ -78,6 +82,26 @@ def selected_token(run: LiveRun, positions: list[int]) -> int:
     return chosen if chosen in positions else min(positions, key=lambda p: abs(p - chosen), default=0)
 
 
+def heatmap(fig, key: str) -> None:
+    """A token × layer (or stream) heatmap whose cells select: a click on a cell selects its token, and its layer
+    as the module filter where the filter has it (Streamlit's plotly selection event)."""
+    st.plotly_chart(fig, key=key, on_select=lambda: _pick_cell(key), selection_mode="points", **CHART)
+    st.caption(CLICK_NOTE)
+
+
+def _pick_cell(key: str) -> None:
+    points = st.session_state[key]["selection"]["points"]
+    if not points:
+        return
+    x, y = str(points[0].get("x", "")), str(points[0].get("y", ""))
+    head = x.split(":", 1)[0]   # an axis label is '<position>:<text>' (tokens.token_label)
+    if head.isdigit():
+        st.session_state[TOKEN] = int(head)
+    layer = y.split(" ", 1)[0]  # 'layers.3.ffn (hash-routed)' → 'layers.3.ffn'
+    if layer in st.session_state.get(NODE_OPTIONS, ()):
+        st.session_state[NODE] = layer
+
+
 def token_detail(run: LiveRun, pos: int, token_text) -> None:
     """The selected token's text, probability under the model and top-k alternatives, under the selector."""
     st.container(key="inspect_token_detail").html(token_detail_html(run.trace, 0, pos, token_text))
@@ -101,8 +125,7 @@ def experts(run: LiveRun, config_key: str | None, node: str | None, pos: int) ->
         st.info("This trace has no MoE routing records.")
         return
     header(run, config_key, node or (experts_panel.moe_paths(trace) or [None])[0], "MoE routing", "back_experts")
-    st.plotly_chart(experts_panel.choice_heatmap(trace, 0, only, facts.n_routed_experts), key="experts_heatmap",
-                    **CHART)
+    heatmap(experts_panel.choice_heatmap(trace, 0, only, facts.n_routed_experts, pos), "experts_heatmap")
     left, right = st.columns(2)
     left.plotly_chart(experts_panel.load_figure(trace, facts.n_routed_experts, only), key="experts_load", **CHART)
     right.plotly_chart(experts_panel.touched_figure(trace), key="experts_touched", **CHART)
@@ -145,7 +168,7 @@ def engram(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> 
     header(run, config_key, path, "Engram memory", "back_engram")
     st.markdown("**Text shaded by the mean gate** (hover a token for its value)")
     st.html(engram_panel.gated_text_html(trace, path))
-    st.plotly_chart(engram_panel.gate_figure(trace, path), key="engram_gates", **CHART)
+    heatmap(engram_panel.gate_figure(trace, path, pos=pos), "engram_gates")
     left, right = st.columns([2, 3])
     rec = trace.fact("engram", path, 0, pos)
     with left:
@@ -229,7 +252,7 @@ def lens(run: LiveRun, config_key: str | None, node: str | None, pos: int, token
         left, right = st.columns(2)
         left.plotly_chart(lens_panel.lens_figure(trace, 0, pos, token_text, paths), key="lens_layers", **CHART)
         right.plotly_chart(lens_panel.norm_figure(trace, 0, pos, paths), key="lens_norms", **CHART)
-    st.plotly_chart(lens_panel.next_token_heatmap(trace, 0, paths), key="lens_heatmap", **CHART)
+    heatmap(lens_panel.next_token_heatmap(trace, 0, paths, pos), "lens_heatmap")
     st.plotly_chart(lens_panel.logprob_figure(trace, 0, pos), key="lens_logprobs", **CHART)
     st.caption("V4.1 reads a layer out with the `pre` weights its next consumer would collapse with (the next layer's "
                "attention, or the final read-out); V4 with its learned `hc_head`. RMS: each hc stream's root mean "
@@ -255,7 +278,8 @@ def export(run: LiveRun) -> None:
     if key not in cache:
         cache.clear()
         cache[key] = trace_bytes(run.trace, fmt)
-    name, mime = FORMATS[fmt]
+    mime = FORMATS[fmt][1]
+    name = download_name(run.model, run.prompt or run.source, run.started_at, fmt)
     with c2:
         st.download_button(f"Download {name} ({len(cache[key]) / 1024:.0f} KiB)", cache[key], file_name=name,
                            mime=mime, key="export_download", icon=":material/download:", on_click="ignore")

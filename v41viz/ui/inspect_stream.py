@@ -31,8 +31,8 @@ def start(slot: engine_session.EngineSlot, settings: GenSettings) -> bool:
     previous = st.session_state.get(LIVE)
     if previous is not None and previous.active:
         background.stop(previous)
-    run = LiveRun(new_trace(settings, slot.choice.key, slot.engine.source, slot.args), slot.choice.key,
-                  prompt=settings.prompt)
+    weights = engine_session.shown_source(slot.engine.source)   # no server path in the trace a user downloads
+    run = LiveRun(new_trace(settings, slot.choice.key, weights, slot.args), slot.choice.key, prompt=settings.prompt)
     st.session_state[LIVE], st.session_state[SHOWN] = run, "live"
     background.start(slot, settings, run, inspect_page_store())
     return True

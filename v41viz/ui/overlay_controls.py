@@ -18,7 +18,7 @@ from ..inspect.links import panel_for
 from ..inspect.overlay import METRICS, Overlay, overlay, token_label
 from . import engine_session
 from .page_links import INSPECT_JUMP, INSPECT_TOKEN, INSPECT_TOKEN_RUN, LIVE_RUN, LOADED_RUN, SHOWN_RUN, diagram_config
-from .plain_text import literal
+from .plain_text import literal, load_failure
 from .sidebar import CHOICE, args_for
 
 ON, METRIC, TOKEN, SOURCE = "arch_overlay", "arch_overlay_metric", "arch_overlay_token", "arch_overlay_source"
@@ -212,7 +212,7 @@ def _upload() -> None:
             held = (digest, file.name, trace_from_upload(file.name, file), "")
             st.session_state[PENDING] = {SOURCE: "upload", ON: True}   # the new trace paints at once
         except ValueError as e:   # TraceFormatError and the size limit: the message names the file and the problem
-            held = (digest, file.name, None, f"Could not load {file.name}: {e}")
+            held = (digest, file.name, None, load_failure(file.name, e))
         st.session_state[UPLOADED] = held
         if held[2] is not None:
             st.rerun()

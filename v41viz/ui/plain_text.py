@@ -27,3 +27,12 @@ def preformatted(text: str) -> str:
     return ('<pre style="margin:0 0 1rem 0;padding:0.8rem 1rem;border-radius:0.5rem;background:rgba(151,166,195,0.15);'
             'font-family:\'Source Code Pro\',monospace;font-size:0.82rem;line-height:1.5;white-space:pre;'
             f'overflow-x:auto">{escape(text)}</pre>')
+
+
+def load_failure(name: str, error: Exception) -> str:
+    """'Could not load NAME: problem', the name said once: the engine's trace messages start with the file's name
+    ('bad.json: not a readable trace'), which the sentence already gives."""
+    problem = str(error)
+    for prefix in (f"{name}: ", f"{name.rsplit('/', 1)[-1]}: "):
+        problem = problem.removeprefix(prefix)
+    return f"Could not load {name}: {problem}"

@@ -14,6 +14,7 @@ import streamlit as st
 from engine.trace import Trace
 
 from ..inspect.export import trace_bytes
+from ..inspect.overlay_scale import Scale
 from ..inspect.panel_style import thinned_categories, titled
 from ..inspect.run_diff import RunDiff, TokenAlignment, diff_traces
 from ..inspect.tokens import visible
@@ -154,7 +155,8 @@ def routing(diff: RunDiff, key: str = "compare_routing_chart") -> None:
         text[i][j] = f"A {line['A experts']} · B {line['B experts']}"
     x = [str(p) for p in positions]
     y = [_routing_label(diff, path) for path in layers]
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, zmin=0, zmax=1, colorscale="Greens", customdata=text,
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, zmin=0, zmax=1, colorscale=Scale.agreement().plotly_scale(),
+                               customdata=text,
                                colorbar={"title": "Jaccard"}, xgap=1, ygap=1,
                                hovertemplate="%{y} · position %{x}: %{z:.2f}<br>%{customdata}<extra></extra>"))
     shared = diff.tokens.shared_prefix

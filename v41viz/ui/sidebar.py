@@ -11,12 +11,13 @@ from engine.spec.limits import CONFIG_MAX_BYTES
 from engine.spec.presets import list_presets
 
 from ..arch.model_view import ModelView, build_view
+from . import page_style
 from .plain_text import literal, short_name
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
 CHOICE = "config_choice"     # session key of the chosen config (plain state: survives page switches)
 WIDGET = "config_widget"     # the selectbox's own key, re-seeded from CHOICE on every page
-UPLOADS = "uploaded_configs"  # session key: {"upload:<name>": (text, ModelArgs)}
+UPLOADS = "uploaded_configs"  # session key: {"upload:<file stem>@<hash>": (sha256 of the bytes, ModelArgs)}
 ERROR = "config_error"       # session key: (page title, message) of the last rejected upload
 
 
@@ -45,9 +46,12 @@ def _upload_view(key: str, digest: str, _args: ModelArgs) -> ModelView:
 def page_setup(title: str, config_picker: bool = True) -> None:
     """First call of every page (pages/ auto-discovery runs each page script on its own): config + sidebar.
 
-    A page that runs a model of its own (Inspect) hides the diagram's config picker, so the sidebar shows only
-    what that page uses; the chosen config stays in the session for the other pages."""
+    A page that runs a model of its own (Inspect) or picks its own configs (Compare) hides the diagram's config
+    picker, so the sidebar shows only what that page uses; the chosen config stays in the session for the other
+    pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    page_style.page_css()
+    page_style.navigation()
     if config_picker:
         config_sidebar(title)
     if notice := st.session_state.pop("config_notice", None):
@@ -84,8 +88,7 @@ def config_sidebar(page: str) -> None:
         st.markdown("### Model config")
         st.session_state[WIDGET] = st.session_state[CHOICE]
         st.selectbox("Config", presets + list(uploads), key=WIDGET, on_change=_copy_choice,
-                     format_func=lambda k: short_name(k.removeprefix(UPLOAD_PREFIX))
-                     + (" (uploaded)" if k in uploads else ""))
+                     format_func=config_label)
         st.file_uploader("…or upload a config.json", type=["json"], key="config_upload",
                          max_upload_size=max(1, CONFIG_MAX_BYTES >> 20))
         st.caption("Presets live in `configs/`. Uploaded configs stay in this browser session only.")
@@ -103,7 +106,7 @@ def _take_upload(page: str, name: str, data: bytes, uploads: dict) -> None:
     if st.session_state.get("config_upload_digest") == digest:
         return  # already handled this file
     st.session_state["config_upload_digest"] = digest
-    key = UPLOAD_PREFIX + name
+    key = upload_key(name, digest)
     try:
         args = parse_upload(name, data)
         _upload_view(key, digest, args)   # built now, so a config that cannot be drawn is refused here
@@ -123,8 +126,29 @@ def _take_upload(page: str, name: str, data: bytes, uploads: dict) -> None:
     st.session_state[CHOICE] = key
 
 
+def upload_key(name: str, digest: str) -> str:
+    """'upload:<file stem>@<8 hex of the bytes' sha256>': two files named config.json with different contents are
+    two configs (the second used to replace the first), the same bytes uploaded twice are one."""
+    return f"{UPLOAD_PREFIX}{short_name(name.removesuffix('.json'), 60)}@{digest[:8]}"
+
+
+def config_label(key: str) -> str:
+    """How every page names a config: a preset by its name; an upload by its file name and what it holds (family,
+    layers, experts, short hash), and the preset it equals, if any. Plain text: markdown callers pass it through
+    literal()."""
+    uploads = st.session_state.get(UPLOADS, {})
+    if key not in uploads:
+        return key
+    digest, args = uploads[key]
+    name = key.removeprefix(UPLOAD_PREFIX).split("@", 1)[0]
+    facts = (f"{name} · {args.family.upper()} · {args.n_layers} layers · {args.n_routed_experts} experts · "
+             f"{digest[:8]}")
+    same = preset_named_for(args)
+    return facts + (f" · same as preset {same}" if same else " · uploaded")
+
+
 def current_view() -> tuple[str, ModelView]:
-    """The chosen config's key (preset name or 'upload:<name>') and its cached ModelView."""
+    """The chosen config's key (preset name or upload_key) and its cached ModelView."""
     key = st.session_state.get(CHOICE, DEFAULT_CONFIG)
     uploads = st.session_state.get(UPLOADS, {})
     if key in uploads:
