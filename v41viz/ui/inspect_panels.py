@@ -12,7 +12,7 @@ from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_detail_html, token_table
 from ..inspect.trace_model import shown_text, trace_model
-from . import inspect_link
+from . import inspect_link, kept
 from .page_links import INSPECT_TOKEN as TOKEN
 from .page_links import INSPECT_TOKEN_RUN as TOKEN_RUN
 from .page_links import to_diagram_button
@@ -39,6 +39,7 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     trace = run.trace
     options = module_options(trace)
     positions = sorted({pos for _, _, r, pos, _ in trace.facts("mhc") + trace.facts("moe") if r == 0})
+    kept.restore({PANEL: PANELS[0], NODE: ALL, TOKEN: None})   # back from another page: the same view
     if (wanted := inspect_link.node_request(args, model, options)) is not None:
         st.session_state[NODE] = wanted
     if st.session_state.get(PANEL) not in PANELS:
@@ -74,7 +75,9 @@ def selected_token(run: LiveRun, positions: list[int]) -> int:
         st.warning(f"The link's token {linked} is not a position of this run (positions {first}"
                    f"–{last}); the nearest one is selected.", icon=":material/link_off:")
         return min(positions, key=lambda p: abs(p - linked), default=0)
-    chosen = st.session_state.get(TOKEN, last)
+    chosen = st.session_state.get(TOKEN)
+    if chosen is None:
+        return last
     return chosen if chosen in positions else min(positions, key=lambda p: abs(p - chosen), default=0)
 
 
@@ -160,10 +163,12 @@ def engram(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> 
 
 
 def _seed(key: str, value: str | None, options: list[str]) -> None:
-    """Put a link's choice into a widget's key (once), and drop a kept value the options no longer hold."""
+    """Put a link's choice into a widget's key (once), and drop a kept value the options no longer hold (a value
+    kept from an earlier visit of the page comes back first)."""
+    kept.restore({key: None})
     if value is not None and value in options:
         st.session_state[key] = value
-    elif st.session_state.get(key) is not None and st.session_state[key] not in options:
+    elif st.session_state.get(key) not in options:
         del st.session_state[key]
 
 

@@ -11,6 +11,7 @@ from engine.spec.limits import CONFIG_MAX_BYTES
 from engine.spec.presets import list_presets
 
 from ..arch.model_view import ModelView, build_view
+from . import kept
 from .plain_text import literal, short_name
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
@@ -48,6 +49,7 @@ def page_setup(title: str, config_picker: bool = True) -> None:
     A page that runs a model of its own (Inspect) hides the diagram's config picker, so the sidebar shows only
     what that page uses; the chosen config stays in the session for the other pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    kept.remember()   # the last page's widget values, before Streamlit drops those this page does not draw
     if config_picker:
         config_sidebar(title)
     if notice := st.session_state.pop("config_notice", None):

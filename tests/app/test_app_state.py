@@ -1,0 +1,79 @@
+"""What a user set survives a visit to another page (issue 45 part 2): the Inspect form's edits not yet generated,
+the selected panel and token, and the URL names the model picked."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+TIMEOUT = 180
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def inspect_page(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    at.switch_page("pages/inspect.py")
+    return at.run()
+
+
+def query(at, key: str) -> str | None:
+    v = at.query_params.get(key)
+    return v[-1] if isinstance(v, list) else v
+
+
+@pytest.mark.slow  # loads tiny-v4.1 [~8 s]
+def test_form_edits_not_yet_generated_survive_another_page():
+    at = inspect_page(model="tiny-v4.1")
+    at.text_area(key="inspect_prompt").input("Not generated yet")
+    at.number_input(key="inspect_max_new").set_value(9)
+    at.number_input(key="inspect_temperature").set_value(0.7)
+    at.number_input(key="inspect_seed").set_value(5)
+    at.toggle(key="inspect_dspark").set_value(True)
+    at.switch_page("pages/architecture.py").run()     # the edits travel with the click that leaves the page
+    assert not at.exception, at.exception
+    at.switch_page("pages/inspect.py").run()
+    assert not at.exception, at.exception
+    assert at.text_area(key="inspect_prompt").value == "Not generated yet"
+    assert at.number_input(key="inspect_max_new").value == 9
+    assert at.number_input(key="inspect_temperature").value == 0.7
+    assert at.number_input(key="inspect_seed").value == 5 and at.toggle(key="inspect_dspark").value is True
+
+
+@pytest.mark.slow  # loads tiny-v4.1 and generates [~15 s]
+def test_panel_token_and_filter_survive_another_page_and_the_diagram_paints_that_token():
+    at = inspect_page(model="tiny-v4.1")
+    at.text_area(key="inspect_prompt").input("The quick brown fox")
+    at.number_input(key="inspect_max_new").set_value(8)
+    at.button(key="inspect_generate").click().run()
+    assert not at.exception, at.exception
+    at.segmented_control(key="inspect_panel").set_value("Engram").run()
+    at.selectbox(key="inspect_node").set_value("layers.1.engram").run()
+    at.select_slider(key="inspect_token").set_value(5).run()
+    at.switch_page("pages/compare.py").run()
+    at.switch_page("pages/inspect.py").run()
+    assert at.segmented_control(key="inspect_panel").value == "Engram"
+    assert at.selectbox(key="inspect_node").value == "layers.1.engram"
+    assert at.select_slider(key="inspect_token").value == 5
+    assert query(at, "token") == "5" and query(at, "panel") == "Engram"
+    # "in the diagram": the Architecture page paints this run at this token, Engram gates
+    at.button(key="back_engram").click().run()
+    assert not at.exception, at.exception
+    assert at.toggle(key="arch_overlay").value is True
+    assert at.selectbox(key="arch_overlay_token").value == 5 and at.selectbox(key="arch_overlay_metric").value == "gate"
+    assert query(at, "otoken") == "5" and query(at, "node") == "layers.1.engram"
+    at.switch_page("pages/inspect.py").run()     # and back: still token 5
+    assert at.select_slider(key="inspect_token").value == 5
+
+
+@pytest.mark.slow  # loads two tiny models [~10 s]
+def test_the_url_names_the_model_picked_not_the_last_runs():
+    at = inspect_page(model="tiny-v4.1")
+    at.text_area(key="inspect_prompt").input("Hello")
+    at.number_input(key="inspect_max_new").set_value(3)
+    at.button(key="inspect_generate").click().run()
+    assert query(at, "model") == "tiny-v4.1" and query(at, "prompt") == "Hello"
+    at.selectbox(key="inspect_model").set_value("tiny-v4").run()
+    assert not at.exception, at.exception
+    assert query(at, "model") == "tiny-v4" and query(at, "prompt") is None
