@@ -77,3 +77,29 @@ def test_the_url_names_the_model_picked_not_the_last_runs():
     at.selectbox(key="inspect_model").set_value("tiny-v4").run()
     assert not at.exception, at.exception
     assert query(at, "model") == "tiny-v4" and query(at, "prompt") is None
+
+
+@pytest.mark.slow  # loads tiny-v4.1, generates and reruns [~15 s]
+def test_what_if_starts_where_a_change_can_matter_and_says_why():
+    """The page selects the last token the model read; a change there ("from this token on") could move only the
+    final token, and usually moved nothing ("8 of 8 agree").
+    The what-if now starts at the last prompt token, says why, and its rerun changes the baseline's log-probs."""
+    at = inspect_page(model="tiny-v4.1")
+    at.text_area(key="inspect_prompt").input("The quick brown fox")
+    at.number_input(key="inspect_max_new").set_value(8)
+    at.button(key="inspect_generate").click().run()
+    assert not at.exception, at.exception
+    toks = at.session_state["inspect_live_run"].trace.tokens(0)
+    last, start = toks[-1].pos - 1, [t.pos for t in toks if not t.generated][-1]   # the last token the model read
+    assert at.select_slider(key="inspect_token").value == last
+    assert any(f"(position {last}) is the last the model read" in i.value and f"starts at position {start}" in i.value
+               for i in at.info)
+    change = next(m.value for m in at.markdown if "`ban-expert:" in m.value)
+    assert f"@{start}-`" in change
+    at.button(key="what_if_rerun").click().run()
+    assert not at.exception, at.exception
+    held = at.session_state["what_if"]
+    baseline = [t.token_id for t in toks if t.generated]
+    rerun = [t.token_id for t in held.run.trace.tokens(0) if t.generated]
+    logp = [t.logprob for t in toks if t.generated], [t.logprob for t in held.run.trace.tokens(0) if t.generated]
+    assert rerun != baseline or logp[0] != logp[1]      # something moved
