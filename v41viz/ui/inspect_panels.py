@@ -16,6 +16,7 @@ from . import inspect_link, kept
 from .page_links import INSPECT_TOKEN as TOKEN
 from .page_links import INSPECT_TOKEN_RUN as TOKEN_RUN
 from .page_links import to_diagram_button
+from .start_page import link
 from .static_table import show_table
 
 PANEL, NODE = "inspect_panel", "inspect_node"
@@ -49,7 +50,10 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     token = selected_token(run, positions)
     if st.session_state.get(TOKEN) != token:  # set only on change: a set value overrides the slider mid-drag
         st.session_state[TOKEN] = token
-    st.segmented_control("Panel", PANELS, key=PANEL, required=True)   # (a row of its own: six panels)
+    st.segmented_control("Panel", PANELS, key=PANEL, required=True,   # (a row of its own: six panels)
+                         help=f"What the model recorded on each token: the routed experts (some V4 layers are "
+                              f"{link('hash-routed')}), the {link('mHC')} seams, {link('Engram')} lookups, "
+                              f"{link('DSpark')} drafts, the logit lens and attention.")
     c2, c3 = st.columns([2, 3])
     c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show",
                  on_change=lambda: st.session_state.pop(inspect_link.REQUEST, None))
