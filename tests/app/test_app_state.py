@@ -135,3 +135,35 @@ def test_accounting_tab_and_memory_plan_inputs_survive_another_page_and_are_in_t
     assert other.number_input(key="plan_gpus").value == 4 and other.number_input(key="plan_context").value == 8192
     assert other.session_state["arch_accounting_tab"] == "Bytes" and other.number_input(key="plan_batch").value == 1
     assert any("`batch=0` was ignored" in w.value for w in other.warning)
+
+
+def compare_runs(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    for k, v in {"view": "Runs", **query}.items():
+        at.query_params[k] = v
+    at.switch_page("pages/compare.py")
+    return at.run()
+
+
+@pytest.mark.slow  # three Compare page runs and a page visit [~8 s]
+def test_compare_runs_form_edits_survive_another_page_and_are_in_the_url():
+    at = compare_runs()
+    assert not at.exception, at.exception
+    at.selectbox(key="compare_runs_a").set_value("tiny-v4.1")
+    at.text_area(key="compare_runs_prompt").input("Two models, one prompt")
+    at.number_input(key="compare_runs_max_new").set_value(7).run()
+    assert (query(at, "ra"), query(at, "rprompt"), query(at, "rmax")) == ("tiny-v4.1", "Two models, one prompt", "7")
+    at.toggle(key="compare_runs_dspark").set_value(True)
+    at.switch_page("pages/architecture.py").run()     # the last edit travels with the click that leaves
+    at.switch_page("pages/compare.py").run()
+    assert at.text_area(key="compare_runs_prompt").value == "Two models, one prompt"
+    assert at.number_input(key="compare_runs_max_new").value == 7 and at.toggle(key="compare_runs_dspark").value
+    # a fresh session opening the link gets the same form (an out-of-range value is left at its default)
+    other = compare_runs(ra="tiny-v4.1", rb="tiny-v4", rprompt="Shared", rmax="9999", rseed="3")
+    assert not other.exception, other.exception
+    assert (other.selectbox(key="compare_runs_a").value, other.selectbox(key="compare_runs_b").value) == \
+        ("tiny-v4.1", "tiny-v4")
+    assert other.text_area(key="compare_runs_prompt").value == "Shared"
+    assert other.number_input(key="compare_runs_seed").value == 3 and other.number_input(
+        key="compare_runs_max_new").value == 16
