@@ -19,7 +19,7 @@ from ..arch.module_docs import describe
 from ..arch.search import ModuleIndex, build_index
 from ..arch.substep_docs import describe_step
 from ..arch.substeps import OPENABLE
-from . import arch_inputs
+from . import arch_inputs, kept
 from .diagram_component import diagram as draw_diagram
 from .diagram_component import picked, toggled
 from .overlay_controls import LiveOverlay, paint
@@ -48,9 +48,9 @@ def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewStat
     """Bring node/expansion/open state in line with the URL (first visit), a config change, a diagram click, a
     search, or an open/close control."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
-    for widget, kept in KEEP.items():  # back from another page: restore the widgets from the kept values
-        if widget not in st.session_state and kept in st.session_state:
-            st.session_state[widget] = st.session_state[kept]
+    for widget, held in KEEP.items():  # back from another page: restore the widgets from the kept values
+        if widget not in st.session_state and held in st.session_state:
+            st.session_state[widget] = st.session_state[held]
     jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
     if jump in index:
         if st.session_state.get(OWNER) != config_key:
@@ -314,17 +314,17 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
                "(engine.plan.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
                "data; the weight bytes are the exact checkpoint bytes, the working buffers an estimate.")
     on_host = st.radio("routed experts", [arch_inputs.ON_GPUS, arch_inputs.ON_HOST], horizontal=True,
-                       key=arch_inputs.EXPERTS,
+                       **kept.widget(arch_inputs.EXPERTS),
                        help="in host RAM: the routed experts (backbone and drafter) stay in host "
                        "memory and run on the CPU; attention, shared experts, router, embeddings, head and the rest "
                        "of the drafter are on one GPU") != arch_inputs.ON_GPUS
     cols = st.columns(5)
-    gpus = cols[0].number_input("GPUs", 1, 256, key="plan_gpus", disabled=on_host,
+    gpus = cols[0].number_input("GPUs", 1, 256, **kept.widget("plan_gpus"), disabled=on_host,
                                 help="one GPU with the routed experts in host RAM" if on_host else None)
-    gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, step=1.0, key="plan_gpu_mem")
-    host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, step=64.0, key="plan_host_mem")
-    context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, step=1024, key="plan_context")
-    batch = cols[4].number_input("batch (sequences)", 1, 4096, key="plan_batch")
+    gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, step=1.0, **kept.widget("plan_gpu_mem"))
+    host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, step=64.0, **kept.widget("plan_host_mem"))
+    context = cols[3].number_input("context (tokens)", 1, 16 * 2**20, step=1024, **kept.widget("plan_context"))
+    batch = cols[4].number_input("batch (sequences)", 1, 4096, **kept.widget("plan_batch"))
     hardware = Hardware(gpus=1 if on_host else int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
                         context=int(context), batch=int(batch), experts="host" if on_host else "device")
     try:

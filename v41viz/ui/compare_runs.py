@@ -98,15 +98,15 @@ def _form(choices: dict[str, engine_session.ModelChoice]) -> None:
     keys = list(choices)
     with st.container(border=True, key="compare_runs_form"):
         c = st.columns(2)
-        model_a = c[0].selectbox("Model A", keys, key=MODEL_A, format_func=lambda k: choices[k].label)
-        model_b = c[1].selectbox("Model B", keys, key=MODEL_B, format_func=lambda k: choices[k].label)
-        prompt = st.text_area("Prompt", key="compare_runs_prompt", height=80)
+        model_a = c[0].selectbox("Model A", keys, **kept.widget(MODEL_A), format_func=lambda k: choices[k].label)
+        model_b = c[1].selectbox("Model B", keys, **kept.widget(MODEL_B), format_func=lambda k: choices[k].label)
+        prompt = st.text_area("Prompt", **kept.widget("compare_runs_prompt"), height=80)
         d = st.columns(4)
-        max_new = d[0].number_input("max new tokens", 1, 512, key="compare_runs_max_new")
-        temperature = d[1].number_input("temperature", 0.0, 5.0, step=0.1, key="compare_runs_temperature",
+        max_new = d[0].number_input("max new tokens", 1, 512, **kept.widget("compare_runs_max_new"))
+        temperature = d[1].number_input("temperature", 0.0, 5.0, step=0.1, **kept.widget("compare_runs_temperature"),
                                         help="0 = greedy; above 0 both runs sample with the same seed")
-        seed = d[2].number_input("seed", 0, 2**31 - 1, key="compare_runs_seed")
-        dspark = d[3].toggle("DSpark", key="compare_runs_dspark",
+        seed = d[2].number_input("seed", 0, 2**31 - 1, **kept.widget("compare_runs_seed"))
+        dspark = d[3].toggle("DSpark", **kept.widget("compare_runs_dspark"),
                              help="speculative decoding with each model's drafter (a model without one runs plainly)")
         go = st.button("Run both", key="compare_runs_go", type="primary", icon=":material/play_arrow:")
     kept.remember()

@@ -121,28 +121,30 @@ def settings_form(args, linked: dict[str, object] | None = None) -> GenSettings 
 def _form(can_draft: bool) -> None:
     """The form's widgets: an edit reruns only this part (and is kept); Generate reruns the page with GO set."""
     with st.container(border=True, key="inspect_form"):
-        prompt = st.text_area("Prompt", key="inspect_prompt", height=90)
+        prompt = st.text_area("Prompt", **kept.widget("inspect_prompt"), height=90)
         c = st.columns(6)
-        max_new = c[0].number_input("max new tokens", 1, 512, key="inspect_max_new")
-        temperature = c[1].number_input("temperature", 0.0, 5.0, step=0.1, key="inspect_temperature",
+        max_new = c[0].number_input("max new tokens", 1, 512, **kept.widget("inspect_max_new"))
+        temperature = c[1].number_input("temperature", 0.0, 5.0, step=0.1, **kept.widget("inspect_temperature"),
                                         help="0 = greedy")
-        top_p = c[2].number_input("top-p", 0.01, 1.0, step=0.05, key="inspect_top_p")
-        top_k = c[3].number_input("top-k", 0, 1000, key="inspect_top_k", help="0 = off")
-        seed = c[4].number_input("seed", 0, 2**31 - 1, key="inspect_seed")
-        attention = c[5].toggle("trace attention", key="inspect_attention",
+        top_p = c[2].number_input("top-p", 0.01, 1.0, step=0.05, **kept.widget("inspect_top_p"))
+        top_k = c[3].number_input("top-k", 0, 1000, **kept.widget("inspect_top_k"), help="0 = off")
+        seed = c[4].number_input("seed", 0, 2**31 - 1, **kept.widget("inspect_seed"))
+        attention = c[5].toggle("trace attention", **kept.widget("inspect_attention"),
                                 help="record the window/compressed split and the indexer's picks (slower)")
         d = st.columns([1, 2, 1])
-        dspark = d[0].toggle("DSpark", key="inspect_dspark", disabled=not can_draft,
+        dspark = d[0].toggle("DSpark", **kept.widget("inspect_dspark"), disabled=not can_draft,
                              help="speculative decoding with the model's drafter" if can_draft
                              else "this model has no DSpark drafter")
-        schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), key="inspect_schedule",
+        schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), **kept.widget("inspect_schedule"),
                                   format_func=lambda s: f"{s} — {SCHEDULES[s]}", disabled=not can_draft)
-        threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, key="inspect_threshold", disabled=not can_draft)
+        threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, **kept.widget("inspect_threshold"),
+                                disabled=not can_draft)
         r = st.columns([1, 1, 3])
-        penalty = r[0].number_input("repetition penalty", 0.1, 10.0, step=0.05, key="inspect_repetition_penalty",
+        penalty = r[0].number_input("repetition penalty", 0.1, 10.0, step=0.05,
+                                    **kept.widget("inspect_repetition_penalty"),
                                     help="the logit of every token already in the text is divided by it (when "
                                          "positive) or multiplied (when negative); 1 = off")
-        no_repeat = r[1].number_input("no-repeat n-gram", 0, 10, key="inspect_no_repeat_ngram",
+        no_repeat = r[1].number_input("no-repeat n-gram", 0, 10, **kept.widget("inspect_no_repeat_ngram"),
                                       help="never emit a token that would repeat an n-gram of the text; 0 = off")
         r[2].caption(DECODING_NOTE)
         go = st.button("Generate", key="inspect_generate", type="primary", icon=":material/play_arrow:")

@@ -30,6 +30,19 @@ def remember() -> None:
             kept[key] = st.session_state[key]
 
 
+def keep(key: str) -> None:
+    """An on_change callback: the widget's new value is kept at once. Callbacks run before the script, even in the
+    rerun that leaves the page (an edit committed by the click on another page's link, which the new page's run
+    would drop before any page code sees it)."""
+    if key in st.session_state:
+        st.session_state.setdefault(KEPT, {})[key] = st.session_state[key]
+
+
+def widget(key: str) -> dict:
+    """A widget's keyword arguments: its key, and keep as its on_change (`st.number_input(..., **kept.widget(k))`)."""
+    return {"key": key, "on_change": keep, "args": (key,)}
+
+
 def value(key: str, default: object = None) -> object:
     """A tracked widget's value whether or not this page draws it."""
     return st.session_state.get(key, st.session_state.get(KEPT, {}).get(key, default))
