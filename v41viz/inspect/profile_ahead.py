@@ -11,6 +11,7 @@ import traceback
 from engine.dspark.profile import profile_and_store, stored_table
 
 IDLE_POLL_S = 1.0
+IDLE_BEFORE_S = 5.0     # idle this long (just loaded, or the last generation ended) before it starts
 MAX_TRIES = 20          # each stopped by a generation that wanted the engine; then the first auto run profiles
 
 
@@ -37,7 +38,10 @@ def _profile_when_idle(slot) -> None:
             raise GenerationWaiting
 
     for _ in range(MAX_TRIES):
-        while slot.busy or slot.waiting():
+        idle_since = time.perf_counter()
+        while time.perf_counter() - idle_since < IDLE_BEFORE_S:   # idle for a while: not between Generate clicks
+            if slot.busy or slot.waiting():
+                idle_since = time.perf_counter()
             time.sleep(IDLE_POLL_S)
         try:
             with slot.turn():
