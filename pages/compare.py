@@ -5,6 +5,7 @@ from v41viz.arch import compare
 from v41viz.ui.compare_runs import runs_part
 from v41viz.ui.plain_text import literal
 from v41viz.ui.sidebar import args_for, available_configs, config_label, page_setup
+from v41viz.ui.start_page import terms_line
 
 page_setup("Compare", config_picker=False)   # its A and B pickers choose
 st.title("Compare")
@@ -28,6 +29,7 @@ def highlight(df):
 
 def configs_part() -> None:
     st.caption("Both columns are derived from the configs (no live data). Rows that differ are highlighted.")
+    st.caption(terms_line())
     options = available_configs()
     for side, default in (("a", "deepseek-v4-flash"), ("b", "deepseek-v4.1-flash")):  # the URL (?a=&b=) seeds them
         if f"compare_{side}" not in st.session_state:

@@ -29,6 +29,7 @@ with st.expander("Replay a saved trace", expanded=False):
 inspect_page.upload_error()
 run = inspect_page.current_run(choice.key)
 if run is None:
+    inspect_link.write_model(choice.key)
     inspect_link.node_request(slot.args, choice.key, None)
     st.info("Type a prompt and press Generate; the panels below fill with what the model recorded on every token.")
     st.stop()

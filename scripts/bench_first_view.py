@@ -3,7 +3,8 @@
 (a) navigation → the V4.1-Flash diagram visible, in fresh browser contexts (no cache; the first one also pays for
 the server's cold caches); (b) a click on a box: the server time (the rerun request leaving the browser → the
 server's "script finished" message, read off the websocket) and the browser round trip (click → the node's details
-shown). Prints medians and ranges.
+shown). Beside each wall time, the CPU seconds the server process used (from /proc: what the server did, which a busy
+machine delays but does not inflate). Prints medians and ranges.
 Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 5] [--clicks 12] [--root DIR] [--results OUT]
 --root serves another copy of the app (for a before/after: `git archive REV | tar -x -C DIR`); the diagram labels
 are found both as SVG text (the diagram component) and as plotly annotations (the plotly diagram before it).
@@ -91,35 +92,48 @@ class ScriptRuns:
         raise RuntimeError("no script run followed the click")
 
 
-def first_view(browser, base: str) -> tuple[float, float]:
-    """Seconds from navigation to the page's title, and to the diagram's LM head box, in a fresh browser context."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat, fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def first_view(browser, base: str, pid: int) -> tuple[float, float, float]:
+    """Seconds from navigation to the page's title, and to the diagram's LM head box, in a fresh browser context;
+    and the server's CPU seconds for it (until the page's script run is over)."""
     context = browser.new_context(viewport={"width": 1600, "height": 1400})
     page = context.new_page()
+    cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     page.goto(base + URL)
     page.get_by_role("heading", name="deepseek-v4.1-flash").first.wait_for(timeout=120_000)
     title = time.perf_counter() - t0
     page.locator(DIAGRAM_LABEL).filter(has_text="LM head").first.wait_for(timeout=120_000)
     elapsed = time.perf_counter() - t0
+    page.get_by_text("How the plan is made").wait_for(timeout=120_000)   # the first run is over
+    cpu = cpu_seconds(pid) - cpu0
     context.close()
-    return title, elapsed
+    return title, elapsed, cpu
 
 
-def clicks(browser, base: str, n: int) -> tuple[list[float], list[float]]:
-    """Per click on a box: the server's script time, and the browser round trip until the details show the node."""
+def clicks(browser, base: str, n: int, pid: int) -> tuple[list[float], list[float], list[float]]:
+    """Per click on a box: the server's script time, the browser round trip until the details show the node, and
+    the server's CPU seconds for it."""
     page = browser.new_page(viewport={"width": 1600, "height": 2200})
     runs = ScriptRuns(page)
     page.goto(base + URL)
     page.locator(DIAGRAM_LABEL).filter(has_text="LM head").first.wait_for(timeout=120_000)
     page.get_by_text("How the plan is made").wait_for(timeout=120_000)   # the first run is over
     panel = page.locator(".st-key-details_panel")
-    server, round_trip = [], []
+    server, round_trip, cpu = [], [], []
     for i in range(n):
         target = page.locator(DIAGRAM_LABEL).filter(has_text=BOXES[i % len(BOXES)]).first
         before = page.evaluate("() => new URLSearchParams(location.search).get('node')")
         page.wait_for_timeout(300)
         target.scroll_into_view_if_needed()
         box = target.bounding_box()
+        cpu0 = cpu_seconds(pid)
         t0 = time.perf_counter()
         page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.wait_for_function("b => new URLSearchParams(location.search).get('node') !== b", arg=before,
@@ -128,8 +142,9 @@ def clicks(browser, base: str, n: int) -> tuple[list[float], list[float]]:
         panel.locator("code").filter(has_text=node).first.wait_for(timeout=30_000)
         round_trip.append(time.perf_counter() - t0)
         server.append(runs.server_time_after(page, t0))
+        cpu.append(cpu_seconds(pid) - cpu0)
     page.close()
-    return server, round_trip
+    return server, round_trip, cpu
 
 
 def summary(name: str, xs: list[float]) -> str:
@@ -151,9 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            cold = first_view(browser, base)
-            warm = [first_view(browser, base) for _ in range(opts.sessions)]
-            server, round_trip = clicks(browser, base, opts.clicks)
+            cold = first_view(browser, base, proc.pid)
+            warm = [first_view(browser, base, proc.pid) for _ in range(opts.sessions)]
+            server, round_trip, click_cpu = clicks(browser, base, opts.clicks, proc.pid)
             browser.close()
     finally:
         proc.terminate()
@@ -164,15 +179,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"(a) first view, fresh server (cold caches): diagram {cold[1]:.2f} s (title {cold[0]:.2f} s)")
     print(summary("(a) first view, fresh browser context: diagram", [w[1] for w in warm]))
     print(summary("    of which navigation → page title", [w[0] for w in warm]))
+    print(summary("    server CPU seconds per fresh view", [w[2] for w in warm]))
     print(summary("(b) click → server script run", server))
     print(summary("(b) click → details shown in the browser", round_trip))
+    print(summary("    server CPU seconds per click", click_cpu))
     print(f"load average at the end (1/5/15 min): {' '.join(load)} on {len(os.sched_getaffinity(0))} CPU(s)")
     rows = [{"measure": "first view, fresh server (cold caches): diagram", "seconds": spread([cold[1]]), "n": 1},
             {"measure": "first view, fresh browser context: diagram", "seconds": spread([w[1] for w in warm]),
              "n": len(warm)},
             {"measure": "of which navigation → page title", "seconds": spread([w[0] for w in warm]), "n": len(warm)},
+            {"measure": "server CPU per fresh view", "seconds": spread([w[2] for w in warm]), "n": len(warm)},
             {"measure": "click → server script run", "seconds": spread(server), "n": len(server)},
-            {"measure": "click → details shown in the browser", "seconds": spread(round_trip), "n": len(round_trip)}]
+            {"measure": "click → details shown in the browser", "seconds": spread(round_trip), "n": len(round_trip)},
+            {"measure": "server CPU per click", "seconds": spread(click_cpu), "n": len(click_cpu)}]
     recorder.write(rows, None, settings={"app": "this checkout" if opts.root == ROOT else str(opts.root),
                                          "sessions": opts.sessions, "clicks": opts.clicks})
 

@@ -22,6 +22,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The app profiles the auto DSpark schedule in the background when it loads a drafter model (profile_ahead): in a
+# short test process that never finishes, it only takes CPU from the tests; tests/inspect/test_profile_ahead.py
+# runs it on purpose. Inherited by the test servers.
+os.environ.setdefault("V41VIZ_PROFILE_AHEAD", "0")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]

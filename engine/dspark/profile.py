@@ -1,5 +1,6 @@
 """Steps per second of the target's verify forward by batch tokens, and the drafter's cost by batch rows: profiled
-once per machine, model and engine code, stored as JSON."""
+once per machine, model and engine code, stored as JSON in the user's cache folder (user_cache_dir), so that a
+restart, another checkout or another working directory finds it again."""
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,16 @@ from .drafter import draft
 from .drafter_cache import DrafterCache
 from .schedule import ThroughputTable, interpolate
 
-CACHE_DIR = Path(".cache")
+
+def user_cache_dir() -> Path:
+    """Where the tables live: $V41VIZ_CACHE_DIR, else $XDG_CACHE_HOME/v41viz, else ~/.cache/v41viz (one per user and
+    machine; each file says which hardware, torch, config and engine code it was timed for: table_key)."""
+    if folder := os.environ.get("V41VIZ_CACHE_DIR"):
+        return Path(folder)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "v41viz"
+
+
+CACHE_DIR = user_cache_dir()
 # the engine code a step's speed depends on: a change in any of these files makes a stored table stale
 TIMED_CODE = ("model", "speedups", "dspark", "generation", "quant", "kernels")
 ENGINE = Path(__file__).resolve().parents[1]
@@ -51,11 +61,23 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string: two machines with the same core
+    count but other CPUs time differently."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
 def table_key(model) -> dict:
-    """What a stored table is valid for: the hardware, torch and its thread count, the model's config, dtype and
-    options, and the engine code (code_digest). Weights do not enter: they do not change a step's cost."""
+    """What a stored table is valid for: the hardware (device, CPU model), torch and its thread count, the model's
+    config, dtype and options, and the engine code (code_digest). Weights do not enter: they do not change a step's
+    cost."""
     config = json.dumps(asdict(model.args), sort_keys=True, default=str)
-    return {"device": device_label(model.device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    return {"device": device_label(model.device), "cpu": cpu_model(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
             "dtype": str(model.dtype), "options": repr(model.options), "code": code_digest(),
             "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
 
@@ -192,11 +214,14 @@ def profile_throughput(model, *, max_batch: int | None = None, context: int = 40
 
 
 def save_table(table: ThroughputTable, path: Path | str) -> None:
+    """Written to a temporary file and renamed, so that a reader (another server on this machine) never sees half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"batch_tokens": table.batch_tokens, "steps_per_second": table.steps_per_second,
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    part.write_text(json.dumps({"batch_tokens": table.batch_tokens, "steps_per_second": table.steps_per_second,
                                 "draft_rows": table.draft_rows, "draft_seconds": table.draft_seconds,
                                 "device": table.device, "meta": table.meta}, indent=1))
+    part.replace(path)
 
 
 def load_table(path: Path | str) -> ThroughputTable:

@@ -52,7 +52,7 @@ def test_runs_tab_runs_tiny_v4_against_tiny_v41_and_hands_a_run_to_inspect():
         ("tiny-v4", "tiny-v4.1")
     assert any("have random weights" in c.value for c in at.caption)
     at.number_input(key="compare_runs_max_new").set_value(4)
-    at.button(key="FormSubmitter:compare_runs_form-Run both").click().run()
+    at.button(key="compare_runs_go").click().run()
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["new tokens that agree"].endswith(" of 4") and metrics["first divergence"].startswith("position ")

@@ -25,7 +25,7 @@ def generate(at: AppTest, prompt: str = "The quick brown fox", **settings) -> Ap
     for key, value in settings.items():
         at.toggle(key=f"inspect_{key}").set_value(value) if isinstance(value, bool) else \
             at.selectbox(key=f"inspect_{key}").set_value(value)
-    at.button(key="FormSubmitter:inspect_form-Generate").click()
+    at.button(key="inspect_generate").click()
     return at.run()
 
 

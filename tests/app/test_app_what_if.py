@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from engine.request.interventions import parse_intervention
 from tests.app.test_app_inspect import generate, inspect_page
+from v41viz.inspect.what_if import position_that_matters
 from v41viz.ui.page_links import LIVE_RUN
 from v41viz.ui.what_if import STATE
 
@@ -95,7 +96,8 @@ def test_two_changes_at_once_and_the_rerun_becomes_the_main_run():
     at.run()
     assert not at.exception, at.exception
     held = at.session_state[STATE]
-    pos = at.select_slider(key="inspect_token").value
+    # the selected token is the last the model read: the change starts where it can matter (position_that_matters)
+    pos, _ = position_that_matters(held.baseline.trace, at.select_slider(key="inspect_token").value)
     assert held.run.trace.meta["interventions"] == ["drop-stage:0", f"engram-off:4@{pos}"]
     assert [parse_intervention(t).text for t in held.changes] == held.run.trace.meta["interventions"]
     assert held.run.trace.dspark_steps and held.run.status == "done"

@@ -202,3 +202,22 @@ def routing_by_layer(diff: RunDiff, changes: pd.DataFrame) -> pd.DataFrame:
         lines.append([layer, int((r["layer"] == layer).sum()), len(mine),
                       str(int(mine["pos"].min())) if len(mine) else "–"])
     return pd.DataFrame(lines, columns=["layer", "tokens compared", "chose other experts", "first at position"])
+
+
+def position_that_matters(trace: Trace, pos: int) -> tuple[int, str]:
+    """The position a what-if change starts at, and why it is not the selected one. The page selects the last token
+    the model read; its output chose only the run's final token, so a change there, even "from it on", can move at
+    most that one token (often none: "30 of 30 agree"). Then the change starts at the last prompt token, whose
+    output chose the first new token, so that it can reach every generated token."""
+    toks = trace.tokens(0)
+    prompt = [t.pos for t in toks if not t.generated]
+    if not toks or not prompt:
+        return pos, ""
+    final = max(t.pos for t in toks)          # sampled, never read back: the run ended there
+    if pos < final - 1 or pos <= prompt[-1]:
+        return pos, ""
+    start = prompt[-1]
+    return start, (f"The selected token (position {pos}) is the last the model read: its output chose only the "
+                   f"run's final token, so a change from there could move at most that one token. The change starts "
+                   f"at position {start}, the last prompt token, whose output chose the first new token, so that it "
+                   "can reach every generated token; pick another token above to start elsewhere.")

@@ -19,12 +19,14 @@ from ..arch.module_docs import describe
 from ..arch.search import ModuleIndex, build_index
 from ..arch.substep_docs import describe_step
 from ..arch.substeps import OPENABLE
+from . import arch_inputs, kept
 from .diagram_component import diagram as draw_diagram
 from .diagram_component import picked, toggled
 from .overlay_controls import LiveOverlay, paint
 from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
 from .sidebar import config_label
+from .start_page import terms_line
 from .static_table import show_table
 from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
 
@@ -48,9 +50,9 @@ def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewStat
     """Bring node/expansion/open state in line with the URL (first visit), a config change, a diagram click, a
     search, or an open/close control."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
-    for widget, kept in KEEP.items():  # back from another page: restore the widgets from the kept values
-        if widget not in st.session_state and kept in st.session_state:
-            st.session_state[widget] = st.session_state[kept]
+    for widget, held in KEEP.items():  # back from another page: restore the widgets from the kept values
+        if widget not in st.session_state and held in st.session_state:
+            st.session_state[widget] = st.session_state[held]
     jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
     if jump in index:
         if st.session_state.get(OWNER) != config_key:
@@ -107,8 +109,10 @@ def _toggle(which: str, index: ModuleIndex) -> None:
 
 
 def write_url(state: ViewState, extra: dict[str, str] | None = None) -> None:
-    """The view's URL; extra: parameters of the live overlay (its metric and token)."""
-    want = to_query(state) | (extra or {})
+    """The view's URL; extra: parameters of the live overlay (its metric and token). The accounting tab and the
+    memory plan's inputs come along (arch_inputs: restored before anything is drawn)."""
+    arch_inputs.restore()
+    want = to_query(state) | arch_inputs.to_query() | (extra or {})
     if dict(st.query_params) != want:
         st.query_params.from_dict(want)
 
@@ -128,6 +132,7 @@ def header(config_key: str, view: ModelView) -> None:
     context, source = context_length(a)
     cols[5].metric("context", f"{context:,}", help=f"tokens, from {source}")
     st.markdown(" · ".join(_highlights(view)))
+    st.caption(terms_line())   # the layer cards' labels (CSA, KV←n, idx←n, Reindex, …) are explained there
 
 
 def _highlights(view: ModelView) -> list[str]:
@@ -279,8 +284,7 @@ def accounting_tabs(view: ModelView) -> None:
     st.caption("Exact sums over the checkpoint tensor inventory derived from the config "
                "(engine.accounting.accounting).")
     # Only the open tab is drawn (a tab switch reruns the page): the first view carries no chart of these tabs.
-    tabs = st.tabs(["Parameters", "Bytes", "KV cache per token", "Layer roles", "Experts touched"],
-                   key="arch_accounting_tab", on_change="rerun")
+    tabs = st.tabs(list(arch_inputs.TABS), key=arch_inputs.TAB, on_change="rerun")
     if tabs[0].open:
         show_table(panels.reconciliation(acc), tabs[0])
         pub = panels.published(a)   # full width below: its "why" column needs the room (it overflowed a half)
@@ -313,24 +317,25 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
     st.caption("Where the checkpoint, the KV caches and the working buffers go when this config is served on N GPUs "
                "(engine.plan.memory_plan; the CLI is `python -m engine plan`). Computed from the config — no live "
                "data; the weight bytes are the exact checkpoint bytes, the working buffers an estimate.")
-    d = Hardware()
-    on_host = st.radio("routed experts", ["on the GPUs", "in host RAM (one GPU)"], horizontal=True,
-                       key="plan_experts", help="in host RAM: the routed experts (backbone and drafter) stay in host "
+    on_host = st.radio("routed experts", [arch_inputs.ON_GPUS, arch_inputs.ON_HOST], horizontal=True,
+                       **kept.widget(arch_inputs.EXPERTS),
+                       help="in host RAM: the routed experts (backbone and drafter) stay in host "
                        "memory and run on the CPU; attention, shared experts, router, embeddings, head and the rest "
-                       "of the drafter are on one GPU") != "on the GPUs"
+                       "of the drafter are on one GPU") != arch_inputs.ON_GPUS
     cols = st.columns(5)
-    gpus = cols[0].number_input("GPUs", 1, 256, d.gpus, key="plan_gpus", disabled=on_host,
+    gpus = cols[0].number_input("GPUs", 1, 256, **kept.widget("plan_gpus"), disabled=on_host,
                                 help="one GPU with the routed experts in host RAM" if on_host else None)
-    gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, d.gpu_mem_gib, step=1.0, key="plan_gpu_mem")
-    host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, d.host_mem_gib, step=64.0, key="plan_host_mem")
+    gpu_mem = cols[1].number_input("GPU memory (GiB)", 1.0, 4096.0, step=1.0, **kept.widget("plan_gpu_mem"))
+    host_mem = cols[2].number_input("host memory (GiB)", 1.0, 65536.0, step=64.0, **kept.widget("plan_host_mem"))
     longest, source = context_length(view.args)
-    if st.session_state.get(PLAN_CONTEXT_OWNER) != config_key:   # each config starts at its own default
-        st.session_state[PLAN_CONTEXT] = min(d.context, longest)
-        st.session_state[PLAN_CONTEXT_OWNER] = config_key
-    st.session_state[PLAN_CONTEXT] = min(st.session_state.get(PLAN_CONTEXT, d.context), longest)
-    context = cols[3].number_input("context (tokens)", 1, longest, step=min(1024, longest), key=PLAN_CONTEXT,
+    owner = st.session_state.get(PLAN_CONTEXT_OWNER)
+    if owner is not None and owner != config_key:   # another config: it starts at its own default
+        st.session_state[PLAN_CONTEXT] = min(Hardware().context, longest)
+    st.session_state[PLAN_CONTEXT_OWNER] = config_key
+    st.session_state[PLAN_CONTEXT] = min(int(kept.value(PLAN_CONTEXT, Hardware().context)), longest)
+    context = cols[3].number_input("context (tokens)", 1, longest, step=min(1024, longest), **kept.widget(PLAN_CONTEXT),
                                    help=f"at most {longest:,} tokens for this config ({source})")
-    batch = cols[4].number_input("batch (sequences)", 1, 4096, d.batch, key="plan_batch")
+    batch = cols[4].number_input("batch (sequences)", 1, 4096, **kept.widget("plan_batch"))
     hardware = Hardware(gpus=1 if on_host else int(gpus), gpu_mem_gib=float(gpu_mem), host_mem_gib=float(host_mem),
                         context=int(context), batch=int(batch), experts="host" if on_host else "device")
     try:

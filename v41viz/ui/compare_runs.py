@@ -11,7 +11,7 @@ from engine.spec.errors import EngineError
 
 from ..inspect.export import trace_from_upload
 from ..inspect.tokens import literal_text_html
-from . import engine_session
+from . import engine_session, kept
 from .plain_text import literal, load_failure
 from .run_diff_view import Side, show_diff
 
@@ -19,7 +19,13 @@ SOURCE, RUN, UPLOAD = "compare_runs_source", "Run two models", "Compare two save
 PAIR = "compare_runs_pair"
 MODEL_A, MODEL_B = "compare_runs_a", "compare_runs_b"
 UPLOADED = "compare_runs_uploaded"       # {"A"/"B": (digest, name, trace or None, error)}
-SAVED = "compare_runs_saved"             # the form's values, put back when the page is drawn again
+GO, SEEDED = "compare_runs_go_settings", "compare_runs_seeded"   # Run both pressed; the link read once
+# widget key → URL parameter; the number inputs' bounds
+URL = {MODEL_A: "ra", MODEL_B: "rb", "compare_runs_prompt": "rprompt", "compare_runs_max_new": "rmax",
+       "compare_runs_temperature": "rtemp", "compare_runs_seed": "rseed", "compare_runs_dspark": "rdspark"}
+BOUNDS = {"compare_runs_max_new": (int, 1, 512), "compare_runs_temperature": (float, 0.0, 5.0),
+          "compare_runs_seed": (int, 0, 2**31 - 1)}
+PROMPT_INLINE = 1000   # characters of the prompt the URL carries
 FORM_DEFAULTS = {"compare_runs_prompt": "ROMEO:", "compare_runs_max_new": 16, "compare_runs_temperature": 0.0,
                  "compare_runs_seed": 0, "compare_runs_dspark": False}
 STATUS_STOP = "[data-testid='stStatusWidget'] button"   # Streamlit's own Stop would end the watching, not the runs
@@ -57,28 +63,24 @@ def _default_pair(choices: dict[str, engine_session.ModelChoice]) -> tuple[str, 
 
 
 def run_form(choices: dict[str, engine_session.ModelChoice]):
-    """The two models and one set of settings; (key A, key B, settings fields) when Run both is pressed."""
+    """The two models and one set of settings; (key A, key B, settings fields) when Run both is pressed. The widgets
+    are a fragment, not an st.form (which sends its values only on submit): an edit not yet run survives a visit to
+    another page (kept.py), and the form is in the URL (r* parameters)."""
     keys = list(choices)
     default_a, default_b = _default_pair(choices)
-    saved = st.session_state.get(SAVED, {})
-    for key, default in (FORM_DEFAULTS | {MODEL_A: default_a, MODEL_B: default_b}).items():
-        if key not in st.session_state or (key in (MODEL_A, MODEL_B) and st.session_state[key] not in keys):
-            value = saved.get(key, default)
-            st.session_state[key] = value if key not in (MODEL_A, MODEL_B) or value in keys else default
-    with st.form("compare_runs_form", border=True):
-        c = st.columns(2)
-        model_a = c[0].selectbox("Model A", keys, key=MODEL_A, format_func=lambda k: choices[k].label)
-        model_b = c[1].selectbox("Model B", keys, key=MODEL_B, format_func=lambda k: choices[k].label)
-        prompt = st.text_area("Prompt", key="compare_runs_prompt", height=80)
-        d = st.columns(4)
-        max_new = d[0].number_input("max new tokens", 1, 512, key="compare_runs_max_new")
-        temperature = d[1].number_input("temperature", 0.0, 5.0, step=0.1, key="compare_runs_temperature",
-                                        help="0 = greedy; above 0 both runs sample with the same seed")
-        seed = d[2].number_input("seed", 0, 2**31 - 1, key="compare_runs_seed")
-        dspark = d[3].toggle("DSpark", key="compare_runs_dspark",
-                             help="speculative decoding with each model's drafter (a model without one runs plainly)")
-        go = st.form_submit_button("Run both", type="primary", icon=":material/play_arrow:")
-    st.session_state[SAVED] = {key: st.session_state[key] for key in (*FORM_DEFAULTS, MODEL_A, MODEL_B)}
+    linked = {}
+    if SEEDED not in st.session_state:
+        st.session_state[SEEDED] = True
+        linked = form_from_query(st.query_params.to_dict(), keys)
+    for key in (MODEL_A, MODEL_B):   # a kept model this server no longer offers falls back to the default
+        if st.session_state.get(key, kept.value(key, default_a)) not in keys:
+            st.session_state[key] = default_a if key == MODEL_A else default_b
+    kept.restore(FORM_DEFAULTS | {MODEL_A: default_a, MODEL_B: default_b}, linked)
+    _form(choices)
+    want = {URL[k]: _text(v) for k, v in ((k, st.session_state[k]) for k in URL)}
+    if any(st.query_params.get(name) != value for name, value in want.items()):
+        st.query_params.update(want)
+    model_a, model_b = st.session_state[MODEL_A], st.session_state[MODEL_B]
     pair = st.session_state.get(PAIR)
     if pair is None or (pair.a.model, pair.b.model) != (model_a, model_b):   # else the results below say it
         random = [f"{side} ({literal(key)})" for side, key in (("A", model_a), ("B", model_b))
@@ -87,10 +89,67 @@ def run_form(choices: dict[str, engine_session.ModelChoice]):
             st.caption(f":material/casino: {' and '.join(random)} {'has' if len(random) == 1 else 'have'} random "
                        "weights: the text is noise; routing, gates and drafts are the real machinery on random "
                        "parameters.")
-    if not go:
-        return None
-    return model_a, model_b, {"prompt": prompt, "max_new_tokens": int(max_new), "temperature": float(temperature),
-                              "seed": int(seed), "dspark": bool(dspark), "attention": True}   # every Inspect panel
+    return st.session_state.pop(GO, None)
+
+
+@st.fragment
+def _form(choices: dict[str, engine_session.ModelChoice]) -> None:
+    """The form's widgets: an edit reruns only this part; Run both reruns the page with GO set."""
+    keys = list(choices)
+    with st.container(border=True, key="compare_runs_form"):
+        c = st.columns(2)
+        model_a = c[0].selectbox("Model A", keys, **kept.widget(MODEL_A), format_func=lambda k: choices[k].label)
+        model_b = c[1].selectbox("Model B", keys, **kept.widget(MODEL_B), format_func=lambda k: choices[k].label)
+        prompt = st.text_area("Prompt", **kept.widget("compare_runs_prompt"), height=80)
+        d = st.columns(4)
+        max_new = d[0].number_input("max new tokens", 1, 512, **kept.widget("compare_runs_max_new"))
+        temperature = d[1].number_input("temperature", 0.0, 5.0, step=0.1, **kept.widget("compare_runs_temperature"),
+                                        help="0 = greedy; above 0 both runs sample with the same seed")
+        seed = d[2].number_input("seed", 0, 2**31 - 1, **kept.widget("compare_runs_seed"))
+        dspark = d[3].toggle("DSpark", **kept.widget("compare_runs_dspark"),
+                             help="speculative decoding with each model's drafter (a model without one runs plainly)")
+        go = st.button("Run both", key="compare_runs_go", type="primary", icon=":material/play_arrow:")
+    kept.remember()
+    if go:
+        st.session_state[GO] = (model_a, model_b, {"prompt": prompt, "max_new_tokens": int(max_new),
+                                                   "temperature": float(temperature), "seed": int(seed),
+                                                   "dspark": bool(dspark), "attention": True})   # every panel
+        st.rerun()   # the whole page: it starts the runs
+
+
+def form_from_query(params: dict[str, str], keys: list[str]) -> dict[str, object]:
+    """The form's values a link carries (r* parameters); a value out of the form's bounds is left out."""
+    out: dict[str, object] = {}
+    for widget, name in URL.items():
+        text = params.get(name)
+        if text is None:
+            continue
+        if widget in (MODEL_A, MODEL_B):
+            if text in keys:
+                out[widget] = text
+        elif widget == "compare_runs_prompt":
+            if 0 < len(text) <= PROMPT_INLINE:
+                out[widget] = text
+        elif widget == "compare_runs_dspark":
+            if text in ("0", "1"):
+                out[widget] = text == "1"
+        else:
+            kind, low, high = BOUNDS[widget]
+            try:
+                value = kind(text)
+            except ValueError:
+                continue
+            if low <= value <= high:
+                out[widget] = value
+    return out
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return format(value, "g")
+    return str(value)[:PROMPT_INLINE]
 
 
 def start(choices, key_a: str, key_b: str, fields: dict) -> None:

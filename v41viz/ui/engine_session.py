@@ -184,6 +184,8 @@ def load_slot(choice: ModelChoice, experts: str = "device") -> EngineSlot:
     import torch
 
     from engine.generation import Engine
+
+    from ..inspect.profile_ahead import profile_ahead
     torch.set_num_threads(TORCH_THREADS)
     t0 = time.perf_counter()
     if choice.service:
@@ -194,7 +196,10 @@ def load_slot(choice: ModelChoice, experts: str = "device") -> EngineSlot:
         engine = Engine.load(load_config(choice.config), seed=WEIGHT_SEED, experts=experts)
     else:
         engine = Engine.load(load_config(choice.config), choice.checkpoint, experts=experts)
-    return EngineSlot(engine, choice, time.perf_counter() - t0, "device" if choice.service else experts)
+    slot = EngineSlot(engine, choice, time.perf_counter() - t0, "device" if choice.service else experts)
+    if os.environ.get("V41VIZ_PROFILE_AHEAD", "1") != "0":   # the tests' processes are too short-lived for it
+        profile_ahead(slot)   # the auto DSpark schedule's table, timed while the engine is idle (once per machine)
+    return slot
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)

@@ -161,6 +161,16 @@ def write_link(model: str, run: LiveRun, view: dict[str, object]) -> None:
     st.query_params.from_dict(link_params(model, settings, view))
 
 
+def write_model(model: str) -> None:
+    """No run of this model is shown: the URL names the model picked (a link made now opens it), and keeps no other
+    model's prompt, settings or view (they belong to a run this model did not make)."""
+    named = st.query_params.get("model")
+    if named is None:
+        st.query_params["model"] = model     # a link without a model (a diagram box's): its view stays
+    elif named != model:
+        st.query_params.from_dict({"model": model})
+
+
 def _source_args(config: str):
     """The ModelArgs of the diagram a node came from, when it is a known preset or this session's upload."""
     if config in list_presets():

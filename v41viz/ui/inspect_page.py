@@ -11,7 +11,7 @@ from ..inspect.export import trace_from_upload
 from ..inspect.run import GenSettings, LiveRun, status_sentence
 from ..inspect.run_meta import settings_line, settings_of
 from ..inspect.tokens import literal_text_html, whitespace_note
-from . import engine_session
+from . import engine_session, kept
 from .inspect_stream import LIVE, SHOWN, inspect_page_store
 from .page_links import INSPECT_JUMP
 from .page_links import LOADED_RUN as LOADED
@@ -83,13 +83,15 @@ def weights_note(slot: engine_session.EngineSlot) -> None:
 
 
 # The form's widgets and their defaults. Streamlit drops a widget's state on a page that does not draw it, so the
-# values are also kept under SAVED and put back when the page is drawn again.
+# values are also kept (kept.py) and put back when the page is drawn again. The widgets are not an st.form: a form
+# sends its values only on submit, so a prompt typed but not yet generated would be lost on leaving the page; they
+# live in a fragment instead, which reruns alone on each edit.
 FORM_DEFAULTS = {"inspect_prompt": "ROMEO:", "inspect_max_new": 24, "inspect_temperature": 0.0, "inspect_top_p": 1.0,
                  "inspect_top_k": 0, "inspect_seed": 0, "inspect_attention": True, "inspect_dspark": False,
                  "inspect_schedule": "all", "inspect_threshold": 0.5,
                  "inspect_repetition_penalty": SUGGESTED_REPETITION_PENALTY,
                  "inspect_no_repeat_ngram": SUGGESTED_NO_REPEAT_NGRAM}
-SAVED, PENDING = "inspect_saved_settings", "inspect_pending_settings"
+PENDING, LINKED, GO = "inspect_pending_settings", "inspect_link_seeded", "inspect_go"
 SETTING_KEYS = {"prompt": "inspect_prompt", "max_new_tokens": "inspect_max_new", "temperature": "inspect_temperature",
                 "top_p": "inspect_top_p", "top_k": "inspect_top_k", "seed": "inspect_seed",
                 "attention": "inspect_attention", "dspark": "inspect_dspark", "schedule": "inspect_schedule",
@@ -106,52 +108,58 @@ def restore_settings(linked: dict[str, object] | None = None) -> None:
     """Put the form's last values (or its defaults) into the widgets' keys before they are drawn; settings a
     replayed trace recorded take their place, and on the session's first draw those of a link (GenSettings
     field names)."""
-    if SAVED not in st.session_state and linked:
-        st.session_state.setdefault(PENDING, {}).update({SETTING_KEYS[k]: v for k, v in linked.items()})
-    for key, value in st.session_state.pop(PENDING, {}).items():
-        st.session_state[key] = value
-    saved = st.session_state.get(SAVED, {})
-    for key, default in FORM_DEFAULTS.items():
-        if key not in st.session_state:
-            st.session_state[key] = saved.get(key, default)
+    if LINKED not in st.session_state:
+        st.session_state[LINKED] = True
+        if linked:
+            st.session_state.setdefault(PENDING, {}).update({SETTING_KEYS[k]: v for k, v in linked.items()})
+    kept.restore(FORM_DEFAULTS, st.session_state.pop(PENDING, None))
 
 
 def settings_form(args, linked: dict[str, object] | None = None) -> GenSettings | None:
     """The prompt and sampling settings; returns the settings when Generate is pressed."""
     restore_settings(linked)
-    with st.form("inspect_form", border=True):
-        prompt = st.text_area("Prompt", key="inspect_prompt", height=90)
+    _form(bool(args.has_dspark))
+    return st.session_state.pop(GO, None)
+
+
+@st.fragment
+def _form(can_draft: bool) -> None:
+    """The form's widgets: an edit reruns only this part (and is kept); Generate reruns the page with GO set."""
+    with st.container(border=True, key="inspect_form"):
+        prompt = st.text_area("Prompt", **kept.widget("inspect_prompt"), height=90)
         c = st.columns(6)
-        max_new = c[0].number_input("max new tokens", 1, 512, key="inspect_max_new")
-        temperature = c[1].number_input("temperature", 0.0, 5.0, step=0.1, key="inspect_temperature",
+        max_new = c[0].number_input("max new tokens", 1, 512, **kept.widget("inspect_max_new"))
+        temperature = c[1].number_input("temperature", 0.0, 5.0, step=0.1, **kept.widget("inspect_temperature"),
                                         help="0 = greedy")
-        top_p = c[2].number_input("top-p", 0.01, 1.0, step=0.05, key="inspect_top_p")
-        top_k = c[3].number_input("top-k", 0, 1000, key="inspect_top_k", help="0 = off")
-        seed = c[4].number_input("seed", 0, 2**31 - 1, key="inspect_seed")
-        attention = c[5].toggle("trace attention", key="inspect_attention",
+        top_p = c[2].number_input("top-p", 0.01, 1.0, step=0.05, **kept.widget("inspect_top_p"))
+        top_k = c[3].number_input("top-k", 0, 1000, **kept.widget("inspect_top_k"), help="0 = off")
+        seed = c[4].number_input("seed", 0, 2**31 - 1, **kept.widget("inspect_seed"))
+        attention = c[5].toggle("trace attention", **kept.widget("inspect_attention"),
                                 help="record the window/compressed split and the indexer's picks (slower)")
         d = st.columns([1, 2, 1])
-        can_draft = bool(args.has_dspark)
-        dspark = d[0].toggle("DSpark", key="inspect_dspark", disabled=not can_draft,
+        dspark = d[0].toggle("DSpark", **kept.widget("inspect_dspark"), disabled=not can_draft,
                              help="speculative decoding with the model's drafter" if can_draft
                              else "this model has no DSpark drafter")
-        schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), key="inspect_schedule",
+        schedule = d[1].selectbox("DSpark schedule", list(SCHEDULES), **kept.widget("inspect_schedule"),
                                   format_func=lambda s: f"{s} — {SCHEDULES[s]}", disabled=not can_draft)
-        threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, key="inspect_threshold", disabled=not can_draft)
+        threshold = d[2].slider("threshold", 0.0, 1.0, step=0.05, **kept.widget("inspect_threshold"),
+                                disabled=not can_draft)
         r = st.columns([1, 1, 3])
-        penalty = r[0].number_input("repetition penalty", 0.1, 10.0, step=0.05, key="inspect_repetition_penalty",
+        penalty = r[0].number_input("repetition penalty", 0.1, 10.0, step=0.05,
+                                    **kept.widget("inspect_repetition_penalty"),
                                     help="the logit of every token already in the text is divided by it (when "
                                          "positive) or multiplied (when negative); 1 = off")
-        no_repeat = r[1].number_input("no-repeat n-gram", 0, 10, key="inspect_no_repeat_ngram",
+        no_repeat = r[1].number_input("no-repeat n-gram", 0, 10, **kept.widget("inspect_no_repeat_ngram"),
                                       help="never emit a token that would repeat an n-gram of the text; 0 = off")
         r[2].caption(DECODING_NOTE)
-        go = st.form_submit_button("Generate", type="primary", icon=":material/play_arrow:")
-    st.session_state[SAVED] = {key: st.session_state[key] for key in FORM_DEFAULTS}
-    if not go:
-        return None
-    return GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k), int(seed),
-                       bool(dspark) and can_draft, schedule, float(threshold), bool(attention),
-                       repetition_penalty=float(penalty), no_repeat_ngram=int(no_repeat))
+        go = st.button("Generate", key="inspect_generate", type="primary", icon=":material/play_arrow:")
+    kept.remember()
+    if go:
+        st.session_state[GO] = GenSettings(prompt, int(max_new), float(temperature), float(top_p), int(top_k),
+                                           int(seed), bool(dspark) and can_draft, schedule, float(threshold),
+                                           bool(attention), repetition_penalty=float(penalty),
+                                           no_repeat_ngram=int(no_repeat))
+        st.rerun()   # the whole page: it starts the run
 
 
 def replay_upload() -> None:

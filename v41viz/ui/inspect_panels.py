@@ -12,10 +12,11 @@ from ..inspect.links import PANELS, diagram_node, filter_path, mhc_site, related
 from ..inspect.run import LiveRun
 from ..inspect.tokens import labels, token_detail_html, token_table
 from ..inspect.trace_model import shown_text, trace_model
-from . import inspect_link
+from . import inspect_link, kept
 from .page_links import INSPECT_TOKEN as TOKEN
 from .page_links import INSPECT_TOKEN_RUN as TOKEN_RUN
 from .page_links import to_diagram_button
+from .start_page import link
 from .static_table import show_table
 
 PANEL, NODE = "inspect_panel", "inspect_node"
@@ -43,6 +44,7 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     options = module_options(trace)
     st.session_state[NODE_OPTIONS] = options
     positions = sorted({pos for _, _, r, pos, _ in trace.facts("mhc") + trace.facts("moe") if r == 0})
+    kept.restore({PANEL: PANELS[0], NODE: ALL, TOKEN: None})   # back from another page: the same view
     if (wanted := inspect_link.node_request(args, model, options)) is not None:
         st.session_state[NODE] = wanted
     if st.session_state.get(PANEL) not in PANELS:
@@ -52,7 +54,10 @@ def selection(run: LiveRun, args, model: str) -> tuple[str, str | None, int]:
     token = selected_token(run, positions)
     if st.session_state.get(TOKEN) != token:  # set only on change: a set value overrides the slider mid-drag
         st.session_state[TOKEN] = token
-    st.segmented_control("Panel", PANELS, key=PANEL, required=True)   # (a row of its own: six panels)
+    st.segmented_control("Panel", PANELS, key=PANEL, required=True,   # (a row of its own: six panels)
+                         help=f"What the model recorded on each token: the routed experts (some V4 layers are "
+                              f"{link('hash-routed')}), the {link('mHC')} seams, {link('Engram')} lookups, "
+                              f"{link('DSpark')} drafts, the logit lens and attention.")
     c2, c3 = st.columns([2, 3])
     c2.selectbox("Module filter", options, key=NODE, help="the diagram box whose data the panels show",
                  on_change=lambda: st.session_state.pop(inspect_link.REQUEST, None))
@@ -78,7 +83,9 @@ def selected_token(run: LiveRun, positions: list[int]) -> int:
         st.warning(f"The link's token {linked} is not a position of this run (positions {first}"
                    f"–{last}); the nearest one is selected.", icon=":material/link_off:")
         return min(positions, key=lambda p: abs(p - linked), default=0)
-    chosen = st.session_state.get(TOKEN, last)
+    chosen = st.session_state.get(TOKEN)
+    if chosen is None:
+        return last
     return chosen if chosen in positions else min(positions, key=lambda p: abs(p - chosen), default=0)
 
 
@@ -183,10 +190,12 @@ def engram(run: LiveRun, config_key: str | None, node: str | None, pos: int) -> 
 
 
 def _seed(key: str, value: str | None, options: list[str]) -> None:
-    """Put a link's choice into a widget's key (once), and drop a kept value the options no longer hold."""
+    """Put a link's choice into a widget's key (once), and drop a kept value the options no longer hold (a value
+    kept from an earlier visit of the page comes back first)."""
+    kept.restore({key: None})
     if value is not None and value in options:
         st.session_state[key] = value
-    elif st.session_state.get(key) is not None and st.session_state[key] not in options:
+    elif st.session_state.get(key) not in options:
         del st.session_state[key]
 
 

@@ -17,7 +17,16 @@ from ..inspect.export import trace_from_upload
 from ..inspect.links import panel_for
 from ..inspect.overlay import METRICS, Overlay, overlay, token_label
 from . import engine_session
-from .page_links import INSPECT_JUMP, INSPECT_TOKEN, INSPECT_TOKEN_RUN, LIVE_RUN, LOADED_RUN, SHOWN_RUN, diagram_config
+from .page_links import (
+    INSPECT_JUMP,
+    INSPECT_TOKEN,
+    INSPECT_TOKEN_RUN,
+    LIVE_RUN,
+    LOADED_RUN,
+    OVERLAY_REQUEST,
+    SHOWN_RUN,
+    diagram_config,
+)
 from .plain_text import literal, load_failure
 from .sidebar import CHOICE, args_for
 
@@ -29,6 +38,7 @@ FOLLOWED = "arch_overlay_followed"   # the run whose config the page last switch
 NOTICE = "arch_overlay_notice"       # said once after switching the drawn config
 MEMO = "arch_overlay_memo"           # (run identity, metric, token) → Overlay, for repaints without recomputing
 PENDING = "arch_overlay_pending"     # widget values to set before the widgets are drawn (after a trace is loaded)
+SEEN = "arch_overlay_seen"           # the latest run the page has seen: a newer one turns Live data on by itself
 ALL = -1                              # the token picker's "all tokens"
 URL_METRIC, URL_TOKEN = "overlay", "otoken"
 
@@ -80,8 +90,19 @@ def sources() -> list[Source]:
     return out
 
 
-def _restore() -> None:
-    """Widgets back from their kept values (a visit to another page), or, on the session's first view, from the URL."""
+def _restore(found: list[Source]) -> None:
+    """Widgets back from their kept values (a visit to another page), or, on the session's first view, from the URL.
+    An Inspect panel's "in the diagram" asks for its run, metric and token; a run newer than the page last saw turns
+    Live data on (once: the user may turn it off again)."""
+    if (asked := st.session_state.pop(OVERLAY_REQUEST, None)) is not None:
+        st.session_state.setdefault(PENDING, {}).update(
+            {ON: True, SOURCE: asked["source"], METRIC: asked["metric"],
+             TOKEN: ALL if asked["token"] is None else asked["token"]})
+    if found and st.session_state.get(SEEN) != found[0].ident:
+        st.session_state[SEEN] = found[0].ident
+        if found[0].key != "upload":
+            st.session_state.setdefault(PENDING, {}).setdefault(ON, True)
+            st.session_state[PENDING].setdefault(SOURCE, found[0].key)
     for widget, value in st.session_state.pop(PENDING, {}).items():
         st.session_state[widget] = st.session_state[KEEP[widget]] = value
     if KEEP[ON] not in st.session_state and st.query_params.get(URL_METRIC) in METRICS:
@@ -101,9 +122,9 @@ def _keep() -> None:
 
 def live_data(config_key: str, view: ModelView) -> LiveOverlay | None:
     """The "Live data" control above the diagram; the overlay to paint, or None (off, or no run yet)."""
-    _restore()
     with st.container(border=True, key="arch_live"):
         found = sources()
+        _restore(found)
         if not found:
             st.markdown(":material/sensors: **Live data** · no run yet: generate on the **Inspect** page (or load a "
                         "saved trace below), and this diagram is painted with what the model did — expert load, "

@@ -17,6 +17,9 @@ INSPECT_JUMP = "inspect_jump"    # (config key, node) the Inspect page filters t
 # here because that page imports no engine module)
 LIVE_RUN, LOADED_RUN, SHOWN_RUN = "inspect_live_run", "inspect_loaded_run", "inspect_shown"
 INSPECT_TOKEN, INSPECT_TOKEN_RUN = "inspect_token", "inspect_token_run"
+# {"source", "metric", "token"}: paint the diagram as an Inspect panel showed it
+OVERLAY_REQUEST = "arch_overlay_request"
+PANEL_METRIC = {"Experts": "load", "mHC": "gain", "Engram": "gate", "Attention": "attention", "DSpark": "acceptance"}
 
 
 def diagram_config(choice_key: str, config_path, args) -> str:
@@ -48,4 +51,10 @@ def to_diagram_button(config_key: str, node: str, key: str) -> None:
     if st.button(f"`{node}` in the diagram", key=key, icon=":material/account_tree:", type="tertiary"):
         st.session_state[CHOICE] = config_key
         st.session_state[ARCH_JUMP] = node
-        st.switch_page("pages/architecture.py", query_params=architecture_query(config_key, node))
+        # the diagram painted with the run shown here, at the panel's metric and the selected token
+        metric = PANEL_METRIC.get(st.session_state.get("inspect_panel", ""), "load")
+        token = st.session_state.get(INSPECT_TOKEN)
+        st.session_state[OVERLAY_REQUEST] = {"source": st.session_state.get(SHOWN_RUN, "live"), "metric": metric,
+                                             "token": token}
+        paint = {"overlay": metric} | ({} if token is None else {"otoken": str(token)})
+        st.switch_page("pages/architecture.py", query_params=architecture_query(config_key, node) | paint)

@@ -35,6 +35,7 @@ from ..inspect.what_if import (
     logprob_figure,
     looked_layer,
     offered_kinds,
+    position_that_matters,
     rerun_settings,
     routing_by_layer,
     routing_changes,
@@ -95,6 +96,9 @@ def _default(key: str, context: tuple, value) -> None:
 def picker(args, run: LiveRun, view: dict[str, object], pos: int) -> tuple[str, ...]:
     """The change being made, the changes kept beside it, and the buttons; the changes to run when pressed."""
     layer_seen, stage_seen = looked_layer(view)
+    pos, why = position_that_matters(run.trace, pos)
+    if why:
+        st.container(key="what_if_position").info(why, icon=":material/info:")
     seen = (run.serial, pos, view.get("panel"), layer_seen, stage_seen)
     kinds = offered_kinds(bool(run.trace.dspark_steps))
     suggested = PANEL_KIND.get(str(view.get("panel")), "ban-expert")
