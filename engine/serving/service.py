@@ -1,6 +1,8 @@
 """The engine as a service: rank 0 takes requests on a local port, and every rank runs each one in lockstep."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from datetime import timedelta
 
@@ -9,6 +11,7 @@ import torch.distributed as dist
 from ..generation import Engine
 from ..generation.results import check_prompts
 from ..parallel.comm import broadcast_json
+from ..parallel.health import answer_rank_zero, silent_ranks
 from ..parallel.world import DistributedError, World
 from ..spec.errors import EngineError, InputError
 from .key import remove_key, service_key
@@ -30,6 +33,7 @@ def serve(engine: Engine, world: World | None, *, port: int, checkpoint: str | N
     generate together; rank 0 streams the tokens back, then the trace's bytes. on_ready(address, key_file) is
     called on rank 0 once it listens."""
     control = None if world is None else dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    health = None if world is None else dist.new_group(backend="gloo", timeout=timedelta(seconds=world.timeout_s))
     main = world is None or world.is_main
     listener, key, key_path = None, None, None
     hello = {"args": engine.args.to_dict(), "source": engine.source, "checkpoint": checkpoint,
@@ -50,6 +54,8 @@ def serve(engine: Engine, world: World | None, *, port: int, checkpoint: str | N
             replies = Replies(conn)
             try:
                 run_request(engine, request, replies, main)
+            except DistributedError as error:
+                raise service_ended(error, world, health, replies) from None
             finally:
                 replies.close()
     finally:
@@ -119,13 +125,11 @@ class Replies:
 
 def run_request(engine: Engine, request: dict, replies: Replies, main: bool) -> None:
     """One generate request (already checked on rank 0) on this rank. An error the engine raises alike on every
-    rank is answered with its message; a failed rank (DistributedError) is told to the client, then ends the
-    service."""
+    rank is answered with its message; a failed rank (DistributedError) ends the service (service_ended)."""
     try:
         generation = request_from_json(request)
         result = engine.generate(request["prompts"], generation, on_token=replies.token if main else None)
-    except DistributedError as e:
-        replies.send({"error": f"the engine service has ended: {e}", "service_ended": True})
+    except DistributedError:
         raise
     except EngineError as e:
         replies.send({"error": str(e)})
@@ -135,3 +139,20 @@ def run_request(engine: Engine, request: dict, replies: Replies, main: bool) -> 
                   "trace": trace is not None})
     if trace is not None and main:
         replies.send_bytes(trace_bytes(trace))
+
+
+def service_ended(error: DistributedError, world: World, health, replies: Replies) -> DistributedError:
+    """A rank failed during a request: rank 0 names the ranks that are gone or stopped answering
+    (engine.parallel.health), tells the client, and ends with that message; the other ranks give it their sign of
+    life and end with their own. Within the process group's timeout (a frozen rank) or at once (a rank that ended);
+    then torchrun ends what is left."""
+    if not world.is_main:
+        answer_rank_zero(health)
+        return error
+    with contextlib.suppress(ValueError):   # the launcher's SIGTERM, now on its way: this rank is ending already
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    noticed = str(error).split(". Another rank")[0]
+    message = "the engine service has ended: " + "; ".join(silent_ranks(world, health, world.timeout_s) +
+                                                          [f"noticed by {noticed}"])
+    replies.send({"error": message, "service_ended": True})
+    return DistributedError(message)
