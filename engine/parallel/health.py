@@ -13,6 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .comm import backend_gist
 from .world import World
 
 MAX_WAIT_S = 10.0   # the longest rank 0 waits for the others' answers (at most the process group's timeout)
@@ -31,11 +32,11 @@ def silent_ranks(world: World, group, timeout_s: float) -> list[str]:
             work = dist.irecv(sign, src=r, group=group)
             work.wait(timedelta(seconds=max(0.01, deadline - time.monotonic())))
         except RuntimeError as error:   # gloo: DistBackendError / DistNetworkError
-            detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            if "Timed out" in detail or "timed out" in detail:
+            detail = backend_gist(error)
+            if "timed out" in detail.lower():
                 out.append(f"rank {r} of {world.size} did not answer within {wait_s:g} s (stopped responding)")
             else:
-                out.append(f"rank {r} of {world.size} is gone: its process ended ({detail[:160]})")
+                out.append(f"rank {r} of {world.size} is gone: its process ended ({detail})")
     return out
 
 

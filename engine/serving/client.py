@@ -52,7 +52,12 @@ class RemoteEngine(Engine):
         ServiceGone when the service is not there or ends before it answers."""
         where = f"{self.address[0]}:{self.address[1]}"
         try:
-            conn = Client(self.address, authkey=client_key(self.address[1]))
+            key = client_key(self.address[1])
+        except InputError as e:   # a service removes its key file when it ends: none there, no service
+            self.gone = f"no engine service at {where} ({e})"
+            raise ServiceGone(self.gone) from None
+        try:
+            conn = Client(self.address, authkey=key)
         except AuthenticationError:
             raise InputError(f"the engine service at {where} refused this client's key (the key file of its "
                              "start, or ENGINE_SERVICE_KEY)") from None

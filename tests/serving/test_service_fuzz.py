@@ -22,7 +22,7 @@ from engine.serving.schema import MAX_REQUEST_BYTES
 from engine.trace import Trace, TraceBudget
 from tests.service_helpers import attach, free_port, launch, output, rank_pids, stop
 
-pytestmark = pytest.mark.slow  # a 2-rank service under torchrun, ~140 messages, two stalled clients [130 s at load average 5]
+pytestmark = pytest.mark.slow  # a 2-rank service, ~140 messages, two stalled clients [130 s at load average 5]
 
 GOOD = {"op": "generate", "prompts": [[0, 5, 9]], "max_new_tokens": 2, "settings": {"temperature": 0.0},
         "dspark": None, "trace": {"budget": {"max_tokens": 8, "attention": True}, "meta": {}}}
@@ -152,7 +152,8 @@ def test_the_service_answers_or_drops_every_bad_message_and_keeps_serving(tmp_pa
         summary = {kind: {o: found.count(o) for o in sorted(set(found))} for kind, found in outcomes.items()}
         print(f"\nfuzz: {sum(map(len, outcomes.values()))} messages in {corpus_s:.1f} s "
               f"(stalled clients {stalled_s:.1f} s): {summary}")
-        assert not [o for found in outcomes.values() for o in found if o not in ("refused", "answered", "dropped", "vanished")]
+        known = ("refused", "answered", "dropped", "vanished")
+        assert not [o for found in outcomes.values() for o in found if o not in known]
         assert set(outcomes["oversized"]) == {"dropped"} and set(outcomes["malformed"]) == {"refused"}
         remote.shutdown()
         assert proc.wait(60) == 0, output(proc)

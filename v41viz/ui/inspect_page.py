@@ -30,6 +30,12 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
     """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land); wanted:
     the model a link names, for the session's first draw."""
     choices = engine_session.model_choices()
+    kept = st.session_state.get(MODEL_KEPT)
+    if kept is not None and (why := engine_session.service_gone(kept)):   # the service ended: run a local model
+        st.session_state[MODEL_KEPT] = engine_session.default_model(choices)
+        local = choices[st.session_state[MODEL_KEPT]].label
+        st.warning(f"The engine service is gone ({why}); this page runs {local} in this process instead.",
+                   icon=":material/link_off:")
     jump = st.session_state.get(INSPECT_JUMP)
     if jump and jump[0] in choices:  # a diagram box of a runnable config: inspect that model
         st.session_state[MODEL_KEPT] = jump[0]
