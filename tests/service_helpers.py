@@ -28,8 +28,9 @@ def launch(n: int, port: int, tmp_path: Path, *argv: str, env: dict | None = Non
     key file under tmp_path (XDG_RUNTIME_DIR, which the caller sets for its own client too)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "--log-dir",
            str(tmp_path / "logs"), "--redirects", "2", "-m", "engine.serving", *argv, "--port", str(port)]
+    # V41VIZ_CPU_KERNELS=0: the ranks run the Python path, not waiting on a C++ build another process may hold
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "XDG_RUNTIME_DIR": str(tmp_path),
-                **(env or {})}
+                "V41VIZ_CPU_KERNELS": "0", **(env or {})}
     full_env.pop("ENGINE_SERVICE_KEY", None)
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
