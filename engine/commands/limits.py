@@ -8,12 +8,14 @@ from pathlib import Path
 from ..checkpoint.header import MAX_HEADER_BYTES
 from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
 from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
+from ..serving.listener import CLIENT_TIMEOUT_S
+from ..serving.schema import MAX_REQUEST_BYTES, MAX_ROWS
 from ..spec import limits as config
 from ..text.prompt_text import MAX_TOKEN_CHARS
 from ..text.vocab import MAX_ID_MAP_BYTES
 from ..trace import limits as trace
 
-HELP = "print the limits checked on configs, checkpoints, prompts, arguments, traces and uploads"
+HELP = "print the limits checked on configs, checkpoints, prompts, arguments, traces, service requests and uploads"
 STREAMLIT_CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
 
 
@@ -43,6 +45,9 @@ def lines() -> list[str]:
         "the machine's CPU count; device `cpu`, `cuda` or `cuda:N` of an existing GPU; an output path whose folder "
         "exists and is writable, checked before generating",
         f"- traces: {trace.describe()}",
+        f"- engine service requests: at most {MAX_REQUEST_BYTES // mib} MiB per message (a longer one is dropped "
+        f"unread) and {MAX_ROWS} prompts, every field checked against the request schema (`engine/serving/schema.py`) "
+        f"before any rank acts; a client's connection is dropped when one read or write waits {CLIENT_TIMEOUT_S:g} s",
         f"- app uploads: {upload_mb} MB per file (`.streamlit/config.toml`), then the limits above",
     ]
 
