@@ -69,7 +69,8 @@ def check_request(message: Any) -> None:
 def _fields(obj: dict, schema: dict[str, Kinds], prefix: str, required: tuple[str, ...] = ()) -> None:
     unknown = sorted(set(obj) - set(schema))
     if unknown:
-        raise InputError(f"{prefix}{unknown[0]}: unknown field; the fields are {', '.join(schema)}")
+        name = unknown[0] if unknown[0].isidentifier() else repr(unknown[0][:40])
+        raise InputError(f"{prefix}{name}: unknown field; the fields are {', '.join(schema)}")
     for name in required:
         if name not in obj:
             raise InputError(f"{prefix}{name}: missing")
@@ -97,11 +98,14 @@ def _is(value: Any, kind: str) -> bool:
     return {"bool": bool, "str": str, "object": dict, "null": type(None)}[kind] is type(value)
 
 
-def _describe(kind) -> str:
+def _describe(kind, plural: bool = False) -> str:
     if isinstance(kind, tuple):
-        return f"a list of {' or '.join(map(_describe, kind[1]))}"
-    return {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string",
-            "object": "an object", "null": "null"}[kind]
+        items = " or ".join(_describe(k, plural=True) for k in kind[1])
+        return f"lists of {items}" if plural else f"a list of {items}"
+    singular, many = {"int": ("an integer", "integers"), "number": ("a number", "numbers"),
+                      "bool": ("true or false", "true or false"), "str": ("a string", "strings"),
+                      "object": ("an object", "objects"), "null": ("null", "null")}[kind]
+    return many if plural else singular
 
 
 def _kind_of(value: Any) -> str:

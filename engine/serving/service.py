@@ -78,7 +78,10 @@ def next_request(listener: ServiceListener, hello: dict, engine: Engine):
             request = receive_request(conn, MAX_REQUEST_BYTES)
             if request["op"] == "generate":
                 request_from_json(request)
-                check_prompts(request["prompts"], engine.args.vocab_size, engine.args.max_seq_len)
+                try:
+                    check_prompts(request["prompts"], engine.args.vocab_size, engine.args.max_seq_len)
+                except InputError as e:
+                    raise InputError(f"prompts: {e}") from None
             elif request["op"] == "hello":
                 replies.send({"hello": hello})
                 replies.close()

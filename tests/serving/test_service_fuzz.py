@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import struct
 import time
@@ -20,12 +21,15 @@ from engine.serving.key import client_key
 from engine.serving.listener import CLIENT_TIMEOUT_S
 from engine.serving.schema import MAX_REQUEST_BYTES
 from engine.trace import Trace, TraceBudget
-from tests.service_helpers import attach, free_port, launch, output, rank_pids, stop
+from tests.service_helpers import ROOT, attach, free_port, launch, output, rank_pids, stop
 
-pytestmark = pytest.mark.slow  # a 2-rank service, ~140 messages, two stalled clients [130 s at load average 5]
+pytestmark = pytest.mark.slow  # a 2-rank service, ~140 messages, two stalled clients [100 s at load average 5]
 
 GOOD = {"op": "generate", "prompts": [[0, 5, 9]], "max_new_tokens": 2, "settings": {"temperature": 0.0},
         "dspark": None, "trace": {"budget": {"max_tokens": 8, "attention": True}, "meta": {}}}
+REFUSALS: list[str] = []   # the error of every refused message
+# a refusal names the field it is about ("settings.bogus: …", "prompts[0][1]: …"), or says the message is no request
+NAMES_THE_FIELD = re.compile(r"^(\S+: |the request is not JSON|the request holds |a request must)")
 VALUES = [None, True, False, -1, 0, 3, 10**30, 1.5, -2.5, "", "x", "layers.0", [], [[]], [-5], [0, "a"], {},
           {"a": 1}, {"op": "hello"}, [[0, 1], [2]], "A" * 5000]
 
@@ -60,6 +64,7 @@ def exchange(port: int, frames: list[bytes], key: bytes, read: int | None = None
             reply = json.loads(conn.recv_bytes())
             got += 1
             if "error" in reply:
+                REFUSALS.append(reply["error"])
                 return "refused"
             if "done" in reply or "hello" in reply:
                 return "answered"
@@ -109,8 +114,10 @@ def reference_run(remote) -> tuple[list[list[int]], dict]:
 def test_the_service_answers_or_drops_every_bad_message_and_keeps_serving(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv("ENGINE_SERVICE_KEY", raising=False)
+    config = json.loads((ROOT / "configs" / "tiny-v4.1.json").read_text())
+    (tmp_path / "tiny-64.json").write_text(json.dumps({**config, "max_seq_len": 64}))   # the longest run: 61 tokens
     port = free_port()
-    proc = launch(2, port, tmp_path, "--config", "tiny-v4.1", "--random-init")
+    proc = launch(2, port, tmp_path, "--config", str(tmp_path / "tiny-64.json"), "--random-init")
     pids = {}
     try:
         remote = attach(port, proc)
@@ -138,8 +145,8 @@ def test_the_service_answers_or_drops_every_bad_message_and_keeps_serving(tmp_pa
         record("out of order", "dropped")
         record("wrong key", wrong_key(port))
         record("truncated", truncated(port, key, 0.0))
-        record("vanished", exchange(port, [json.dumps({**GOOD, "max_new_tokens": 40}).encode()], key, read=2))
-        record("vanished", exchange(port, [json.dumps({**GOOD, "max_new_tokens": 40}).encode()], key, read=0))
+        record("vanished", exchange(port, [json.dumps({**GOOD, "max_new_tokens": 20}).encode()], key, read=2))
+        record("vanished", exchange(port, [json.dumps({**GOOD, "max_new_tokens": 20}).encode()], key, read=0))
         raw(port, b"")                                                               # connects, goes at once
         record("vanished", "dropped")
         stalled = time.monotonic()
@@ -152,6 +159,8 @@ def test_the_service_answers_or_drops_every_bad_message_and_keeps_serving(tmp_pa
         summary = {kind: {o: found.count(o) for o in sorted(set(found))} for kind, found in outcomes.items()}
         print(f"\nfuzz: {sum(map(len, outcomes.values()))} messages in {corpus_s:.1f} s "
               f"(stalled clients {stalled_s:.1f} s): {summary}")
+        assert len(REFUSALS) == sum(found.count("refused") for found in outcomes.values())
+        assert not [e for e in REFUSALS if not NAMES_THE_FIELD.match(e)], REFUSALS
         known = ("refused", "answered", "dropped", "vanished")
         assert not [o for found in outcomes.values() for o in found if o not in known]
         assert set(outcomes["oversized"]) == {"dropped"} and set(outcomes["malformed"]) == {"refused"}
