@@ -11,7 +11,6 @@ from contextlib import suppress
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from .comm import backend_gist
 from .world import World
@@ -26,22 +25,29 @@ def silent_ranks(world: World, group, timeout_s: float) -> list[str]:
     wait_s = min(timeout_s, MAX_WAIT_S)
     deadline = time.monotonic() + wait_s
     signs = {r: torch.zeros(1) for r in range(1, world.size)}
-    out = []
-    for r, sign in signs.items():
+    works, out = {}, []
+    for r, sign in signs.items():   # every receive posted first: a rank that answers is heard whatever the order
         try:
-            work = dist.irecv(sign, src=r, group=group)
+            works[r] = group.recv([sign], r, 0)       # the group's ranks are the launch's: every rank is in it
+        except RuntimeError as error:
+            out.append(_silence(r, world.size, error, wait_s))
+    for r, work in works.items():
+        try:
             work.wait(timedelta(seconds=max(0.01, deadline - time.monotonic())))
         except RuntimeError as error:   # gloo: DistBackendError / DistNetworkError
-            detail = backend_gist(error)
-            if "timed out" in detail.lower():
-                out.append(f"rank {r} of {world.size} did not answer within {wait_s:g} s (stopped responding)")
-            else:
-                out.append(f"rank {r} of {world.size} is gone: its process ended ({detail})")
+            out.append(_silence(r, world.size, error, wait_s))
     return out
 
 
-def answer_rank_zero(group) -> None:
-    """Every rank but 0, after its own step failed: the sign of life silent_ranks waits for (nothing when rank 0
-    is gone)."""
+def _silence(rank: int, size: int, error: RuntimeError, wait_s: float) -> str:
+    detail = backend_gist(error)
+    if "timed out" in detail.lower():
+        return f"rank {rank} of {size} did not answer within {wait_s:g} s (stopped responding)"
+    return f"rank {rank} of {size} is gone: its process ended ({detail})"
+
+
+def answer_rank_zero(group, timeout_s: float) -> None:
+    """Every rank but 0, after its own step failed: the sign of life silent_ranks waits for. Waits at most
+    timeout_s (capped at MAX_WAIT_S) for rank 0 to take it; nothing when rank 0 is gone."""
     with suppress(RuntimeError):
-        dist.send(torch.ones(1), dst=0, group=group)
+        group.send([torch.ones(1)], 0, 0).wait(timedelta(seconds=min(timeout_s, MAX_WAIT_S)))

@@ -12,9 +12,10 @@ CLIENT_TIMEOUT_S = 10.0   # one read or write of a client's connection (the key 
 
 
 class ServiceListener:
-    """127.0.0.1:port (port 0: any free port). accept() gives the next client that proved it holds the key."""
+    """127.0.0.1:port (port 0: any free port). accept() gives the next client that proved it holds the key (which
+    may be set after binding: the service names its key file by the port)."""
 
-    def __init__(self, port: int, key: bytes, timeout_s: float = CLIENT_TIMEOUT_S):
+    def __init__(self, port: int, key: bytes = b"", timeout_s: float = CLIENT_TIMEOUT_S):
         self.key, self.timeout_s = key, timeout_s
         self.sock = socket.create_server(("127.0.0.1", port), backlog=16)
 

@@ -40,19 +40,19 @@ def serve(engine: Engine, world: World | None, *, port: int, checkpoint: str | N
              "ranks": 1 if world is None else world.size}
     try:
         if main:
-            listener = ServiceListener(port, b"")
-            key, key_path = service_key(listener.address[1])
+            listener = ServiceListener(port)
+            key, key_path = service_key(listener.address[1])   # the key file is named by the port: bound first
             listener.key = key
             if on_ready is not None:
                 on_ready(listener.address, key_path)
         while True:
             conn, request = next_request(listener, hello, engine) if main else (None, None)
-            if control is not None:
-                request = broadcast_json(request, control, "the service's next request")
-            if request["op"] == "shutdown":
-                break
             replies = Replies(conn)
             try:
+                if control is not None:
+                    request = broadcast_json(request, control, "the service's next request")
+                if request["op"] == "shutdown":
+                    break
                 run_request(engine, request, replies, main)
             except DistributedError as error:
                 raise service_ended(error, world, health, replies) from None
@@ -150,7 +150,7 @@ def service_ended(error: DistributedError, world: World, health, replies: Replie
     life and end with their own. Within the process group's timeout (a frozen rank) or at once (a rank that ended);
     then torchrun ends what is left."""
     if not world.is_main:
-        answer_rank_zero(health)
+        answer_rank_zero(health, world.timeout_s)
         return error
     with contextlib.suppress(ValueError):   # the launcher's SIGTERM, now on its way: this rank is ending already
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -37,7 +37,8 @@ def test_the_inspect_page_goes_on_with_a_local_model_when_the_service_ends(tmp_p
     at.run()                                # the next draw: the page says so and runs the shipped model
     assert not at.exception, at.exception
     assert any(w.value.startswith(f"The engine service is gone (no engine service at {address}") and
-               "this page runs" in w.value for w in at.warning), [w.value for w in at.warning]
+               "this page runs" in w.value for w in at.warning), ([w.value for w in at.warning],
+                                                                  [e.value for e in at.error], text_of(at)[:2000])
     assert at.selectbox(key="inspect_model").value == "checkpoint:default"
     assert f"service:{address}" not in at.selectbox(key="inspect_model").options
     at = generate(at, max_new=3)
