@@ -18,7 +18,7 @@ from tests.model_helpers import tiny_args
 from tests.official_helpers import write_tiny_official
 from tests.service_helpers import alive, attach, free_port, launch, output, rank_errors, rank_pids, stop
 
-pytestmark = pytest.mark.slow  # each launches a 2-rank service under torchrun [25-70 s each at load average 5]
+pytestmark = pytest.mark.slow  # each launches a 2-rank service under torchrun [16-55 s each at load average 5]
 
 TIMEOUT_S = 3            # ENGINE_DIST_TIMEOUT_S of these launches: how long a collective waits for a silent rank
 LAUNCHER_GRACE_S = 30    # torchrun's wait between its SIGTERM and its SIGKILL (a frozen rank takes the SIGKILL)
@@ -98,7 +98,7 @@ def test_a_rank_whose_shard_is_truncated_ends_every_rank_before_serving(key_home
     os.truncate(shard, shard.stat().st_size - 16)
     port = free_port()
     start = time.monotonic()
-    proc = launch(2, port, key_home, "--checkpoint", str(folder), env={"ENGINE_DIST_TIMEOUT_S": str(TIMEOUT_S)})
+    proc = launch(2, port, key_home, "--checkpoint", str(folder))   # the default timeout: rank 0 loads its part
     try:
         proc.wait(120)
         ended_s = time.monotonic() - start
