@@ -9,12 +9,14 @@ from ..checkpoint.header import MAX_HEADER_BYTES
 from ..checkpoint.index import MAX_INDEX_BYTES, MAX_SHARDS
 from ..request import interventions
 from ..request.sampling import MAX_SEED, MIN_TEMPERATURE
+from ..serving.listener import CLIENT_TIMEOUT_S
+from ..serving.schema import MAX_REQUEST_BYTES, MAX_ROWS
 from ..spec import limits as config
 from ..text.prompt_text import MAX_TOKEN_CHARS
 from ..text.vocab import MAX_ID_MAP_BYTES
 from ..trace import limits as trace
 
-HELP = "print the limits checked on configs, checkpoints, prompts, arguments, traces and uploads"
+HELP = "print the limits checked on configs, checkpoints, prompts, arguments, traces, service requests and uploads"
 STREAMLIT_CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
 
 
@@ -48,6 +50,9 @@ def lines() -> list[str]:
         f"{interventions.MAX_TEXT_CHARS} characters each, numbers of at most {interventions.MAX_DIGITS} digits, "
         f"{interventions.MAX_INTERVENTIONS} per run, each valid for the model and given once",
         f"- traces: {trace.describe()}",
+        f"- engine service requests: at most {MAX_REQUEST_BYTES // mib} MiB per message (a longer one is dropped "
+        f"unread) and {MAX_ROWS} prompts, every field checked against the request schema (`engine/serving/schema.py`) "
+        f"before any rank acts; a client's connection is dropped when one read or write waits {CLIENT_TIMEOUT_S:g} s",
         f"- app uploads: {upload_mb} MB per file (`.streamlit/config.toml`), then the limits above",
     ]
 

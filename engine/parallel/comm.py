@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,8 +58,16 @@ def _reported(op: str, group, what: str):
     try:
         yield
     except RuntimeError as error:  # gloo and NCCL raise RuntimeError subclasses (DistBackendError, …)
-        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        detail = backend_gist(error)
         raise DistributedError(
             f"rank {group.rank()} of {group.size()}: {op} for {what} failed ({detail}). Another rank failed or "
             f"did not reach this step within the process group's timeout ({TIMEOUT_ENV}, default "
             f"{DEFAULT_TIMEOUT_S:g} s); see that rank's error") from None
+
+
+def backend_gist(error: BaseException) -> str:
+    """The backend's own words from one of its errors: the first line, without gloo's source location and its
+    generic advice ('[…/pair.cc:553] Connection closed by peer [127.0.0.1]:3986. This is typically caused by…')."""
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)
+    return line.split(". This is typically")[0][:300]

@@ -1,8 +1,9 @@
-"""The engine service's messages: JSON on an authenticated local connection (multiprocessing.connection), no pickle."""
+"""The engine service's messages: JSON on an authenticated local connection (multiprocessing.connection), no pickle;
+a trace comes back as safetensors bytes in a frame of its own, so no client ever names a path on the service's side."""
 from __future__ import annotations
 
 import json
-import os
+from contextlib import contextmanager
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -11,17 +12,11 @@ from ..generation import GenerationResult, SpeculativeResult, StepInfo
 from ..request import GenerationRequest
 from ..spec.errors import InputError
 from ..trace import Trace, TraceBudget
+from ..trace.safetensors_file import write_safetensors
+from .schema import parse_request
 
-# the keys of a generate message's "settings": GenerationRequest.of's keywords that travel as JSON values
-SETTINGS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "no_repeat_ngram", "stop_tokens",
-            "interventions", "cuda_graphs", "compiled")
-KEY_ENV = "ENGINE_SERVICE_KEY"   # shared secret of the service and its clients (both on this host)
-DEFAULT_KEY = "v41viz-local"
 DEFAULT_PORT = 8765
-
-
-def authkey() -> bytes:
-    return os.environ.get(KEY_ENV, DEFAULT_KEY).encode()
+TRACE_NAME = "service.safetensors"   # the name a returned trace is read under (its format and its messages)
 
 
 def send(conn, message: dict[str, Any]) -> None:
@@ -29,7 +24,19 @@ def send(conn, message: dict[str, Any]) -> None:
 
 
 def receive(conn) -> dict[str, Any]:
+    """A reply from the service (the client trusts its own service: no size bound here)."""
     return json.loads(conn.recv_bytes().decode())
+
+
+def receive_request(conn, max_bytes: int) -> dict[str, Any]:
+    """A client's request, at most max_bytes (OSError beyond: the connection is then closed unread), checked
+    against the schema (InputError naming the field)."""
+    return parse_request(conn.recv_bytes(max_bytes))
+
+
+def trace_bytes(trace: Trace) -> bytes:
+    """The trace as the safetensors bytes Trace.from_bytes(TRACE_NAME, ...) reads back."""
+    return write_safetensors(*trace.to_tables())
 
 
 def budget_to_json(budget: TraceBudget) -> dict[str, Any]:
@@ -39,7 +46,7 @@ def budget_to_json(budget: TraceBudget) -> dict[str, Any]:
 
 
 def budget_from_json(raw: dict[str, Any]) -> TraceBudget:
-    raw = dict(raw)
+    raw = {"attention": False, **raw}
     if raw.get("layers") is not None:
         raw["layers"] = frozenset(raw["layers"])
     if not isinstance(raw.get("attention"), bool):
@@ -72,14 +79,31 @@ def settings_to_json(request: GenerationRequest) -> dict[str, Any]:
             "cuda_graphs": request.cuda_graphs, "compiled": request.compiled}
 
 
-def request_from_json(message: dict[str, Any], dspark: DSparkConfig | None, trace: Trace | None) -> GenerationRequest:
-    """The GenerationRequest a generate message asks for (settings left out take their defaults); InputError for
-    a setting the request has no field for, or a value its checks refuse."""
-    settings = message.get("settings") or {}
-    if not isinstance(settings, dict):
-        raise InputError(f"a generate request's settings must be an object, got {type(settings).__name__}")
-    unknown = sorted(set(settings) - set(SETTINGS))
-    if unknown:
-        raise InputError(f"unknown generate setting(s) {', '.join(map(repr, unknown))}; the settings are "
-                         f"{', '.join(SETTINGS)}")
-    return GenerationRequest.of(message.get("max_new_tokens"), dspark=dspark, trace=trace, **settings)
+def request_from_json(message: dict[str, Any]) -> GenerationRequest:
+    """The GenerationRequest a generate message (checked by engine.serving.schema) asks for, with its DSpark config
+    and a fresh Trace of its budget; settings left out take their defaults. InputError, naming the part, for a
+    value the typed API refuses."""
+    trace = None
+    if message.get("trace"):
+        with _part("trace.budget"):
+            trace = Trace(budget_from_json(message["trace"]["budget"]), meta=message["trace"]["meta"])
+    dspark = None
+    if spec := message.get("dspark"):
+        with _part("dspark"):
+            if spec.get("schedule") == "auto":
+                raise InputError("the engine service runs DSpark schedules 'all' and 'threshold'; 'auto' profiles "
+                                 "one process")
+            temps = spec.get("confidence_temperature")
+            dspark = DSparkConfig(**{**spec, "confidence_temperature": None if temps is None else tuple(temps)})
+    with _part("settings"):
+        return GenerationRequest.of(message["max_new_tokens"], dspark=dspark, trace=trace,
+                                    **(message.get("settings") or {}))
+
+
+@contextmanager
+def _part(where: str):
+    """An InputError raised within names the part of the request it is about."""
+    try:
+        yield
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None

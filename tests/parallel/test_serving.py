@@ -16,7 +16,8 @@ import torch
 from engine.generation import DSparkConfig, Engine
 from engine.request import GenerationRequest
 from engine.serving import RemoteEngine, serve
-from engine.spec.errors import InputError
+from engine.serving.client import ServiceGone
+from engine.spec.errors import EngineError, InputError
 from engine.trace import Trace, TraceBudget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,13 +55,15 @@ def generate_both(engine, remote_or_engine, **kw):
 
 
 @pytest.mark.slow  # an engine service in a thread, and the same DSpark run in process [6 s at load average 9]
-def test_remote_engine_gives_what_the_engine_gives():
+def test_remote_engine_gives_what_the_engine_gives(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))   # where this start's key file goes
+    monkeypatch.delenv("ENGINE_SERVICE_KEY", raising=False)
     torch.set_num_threads(1)
     engine = Engine.load("tiny-v4.1")
     port = free_port()
     ready = threading.Event()
     service = threading.Thread(target=serve, args=(engine, None),
-                               kwargs=dict(port=port, on_ready=lambda _a: ready.set()), daemon=True)
+                               kwargs=dict(port=port, on_ready=lambda _a, _k: ready.set()), daemon=True)
     service.start()
     assert ready.wait(30)
     remote = RemoteEngine(f"127.0.0.1:{port}")
@@ -81,7 +84,7 @@ def test_remote_engine_gives_what_the_engine_gives():
                "trace": None}
     with pytest.raises(InputError, match="max_new_tokens"):         # the service checks what a client sends
         remote.request({**message, "max_new_tokens": -1})
-    with pytest.raises(InputError, match="unknown generate setting.*'temprature'"):
+    with pytest.raises(InputError, match="settings.temprature: unknown field"):
         remote.request({**message, "settings": {"temprature": 1.0}})
     assert remote.request({**message, "settings": {"temperature": 1.0, "seed": 3}})["done"]["tokens"] == \
         engine.generate([[0, 5]], GenerationRequest.of(2, temperature=1.0, seed=3)).tokens
@@ -89,7 +92,7 @@ def test_remote_engine_gives_what_the_engine_gives():
         remote.generate([[0, 5]], GenerationRequest.of(2, dspark=DSparkConfig("auto", sps=object())))
     remote.shutdown()
     service.join(10)
-    assert not service.is_alive()
+    assert not service.is_alive() and not list(tmp_path.rglob("*.key"))   # the key file goes with the service
 
 
 def attach_app(address: str):
@@ -104,15 +107,18 @@ def attach_app(address: str):
     return service[0]
 
 
-def test_remote_engine_names_a_missing_service():
-    with pytest.raises(InputError, match="no engine service at 127.0.0.1:.*torchrun"):
+def test_remote_engine_names_a_missing_service(monkeypatch):
+    monkeypatch.setenv("ENGINE_SERVICE_KEY", "a-key-of-at-least-16-characters")
+    with pytest.raises(ServiceGone, match="no engine service at 127.0.0.1:.*torchrun"):
         RemoteEngine(f"127.0.0.1:{free_port()}")
 
 
 @pytest.mark.slow  # a 2-rank engine service under torchrun, and the same generation in process [37 s at load average 9]
-def test_a_two_rank_service_serves_the_single_process_text_and_trace():
+def test_a_two_rank_service_serves_the_single_process_text_and_trace(tmp_path, monkeypatch):
     """The documented attachment: `torchrun --nproc-per-node 2 -m engine.serving …`, then RemoteEngine (the app)."""
     port = free_port()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("ENGINE_SERVICE_KEY", raising=False)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "engine.serving", "--config", "tiny-v4.1", "--random-init", "--port", str(port)]
@@ -123,7 +129,7 @@ def test_a_two_rank_service_serves_the_single_process_text_and_trace():
         while remote is None and time.monotonic() < deadline and proc.poll() is None:
             try:
                 remote = RemoteEngine(f"127.0.0.1:{port}")
-            except InputError:
+            except EngineError:     # not listening yet (ServiceGone), or its key file not written yet
                 time.sleep(1)
         assert remote is not None, proc.communicate(timeout=30)[0][-3000:]
         assert remote.ranks == 2 and "split over 2 ranks" in remote.source

@@ -17,6 +17,7 @@ import streamlit as st
 from engine.accounting.accounting import account
 from engine.checkpoint.official_layout import official_folder
 from engine.spec.config import ModelArgs, load_config
+from engine.spec.errors import EngineError
 from engine.spec.presets import list_presets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,7 @@ DEFAULT_MODEL = "tiny-v4.1"
 MAX_RANDOM_PARAMS = 1_000_000_000  # presets beyond this are not offered with random weights (V4.1-Flash: 763B)
 WEIGHT_SEED = 0
 TORCH_THREADS = 1  # on the 2-core target, 2 threads under load ran 5-10× slower than 1
+_GONE: dict[str, str] = {}  # service address -> why it is gone: no longer offered, in any session of this process
 
 
 def shown_source(source: str) -> str:
@@ -73,7 +75,7 @@ def model_choices(checkpoints: Path = CHECKPOINTS) -> dict[str, ModelChoice]:
     folders alike), then the presets small enough to run; first, when the app was started with V41VIZ_ENGINE=host:port,
     the engine service there (an N-rank engine under torchrun)."""
     out: dict[str, ModelChoice] = {}
-    if address := os.environ.get(SERVICE_ENV, ""):
+    if (address := os.environ.get(SERVICE_ENV, "")) and address not in _GONE:
         out[SERVICE_PREFIX + address] = ModelChoice(SERVICE_PREFIX + address, Path(), None, service=address)
     if checkpoints.is_dir():
         for d in sorted(p for p in checkpoints.iterdir() if (p / "config.json").is_file()):
@@ -118,6 +120,11 @@ def card_summary(checkpoint: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return line + f". Model card: `{checkpoint.name}/MODEL_CARD.md`."
+
+
+def service_gone(key: str) -> str | None:
+    """Why the engine service of a model key ('service:host:port') is gone, or None (not a service, or there)."""
+    return _GONE.get(key.removeprefix(SERVICE_PREFIX)) if key.startswith(SERVICE_PREFIX) else None
 
 
 def default_model(choices: dict[str, ModelChoice]) -> str:
@@ -211,8 +218,19 @@ def _cached_slot(key: str, config: str, checkpoint: str | None, service: str = "
 
 def engine_slot(choice: ModelChoice, experts: str = "device") -> EngineSlot:
     """The process-wide slot for a model (and expert placement); the first session to ask loads it behind a timed
-    spinner. A service's ranks hold their own placement: experts applies to models this process loads."""
+    spinner. A service's ranks hold their own placement: experts applies to models this process loads. A service
+    that is not there, refuses this app's key, or ended during a request is no longer offered, and the page is
+    drawn again: it runs a local model and says why (inspect_page.model_sidebar)."""
     with st.spinner(f"Loading {choice.label}: tokenizer, Engram token map, weights…", show_time=True):
         checkpoint = None if choice.checkpoint is None else str(choice.checkpoint)
-        return _cached_slot(choice.key, str(choice.config), checkpoint, choice.service,
-                            "device" if choice.service else experts)
+        if not choice.service:
+            return _cached_slot(choice.key, str(choice.config), checkpoint, "", experts)
+        try:
+            slot = _cached_slot(choice.key, str(choice.config), checkpoint, choice.service, "device")
+        except EngineError as e:
+            _GONE[choice.service] = str(e)
+        else:
+            if slot.engine.gone is None:
+                return slot
+            _GONE[choice.service] = slot.engine.gone
+    st.rerun()

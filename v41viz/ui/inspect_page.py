@@ -18,6 +18,7 @@ from .page_links import LOADED_RUN as LOADED
 from .plain_text import load_failure
 
 MODEL, MODEL_KEPT = "inspect_model", "inspect_model_kept"
+SERVICE_GONE = "inspect_service_gone"   # the notice that the attached engine service ended
 EXPERTS, EXPERTS_KEPT = "inspect_experts", "inspect_experts_kept"
 EXPERT_PLACES = {"device": "device", "host": "host memory"}   # Engine.load's experts → the sidebar's words
 EXPERTS_HELP = ("Where the routed experts live. host memory: they stay in host RAM and run on the CPU for the tokens "
@@ -34,6 +35,14 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
     """Sidebar setting: which model the Inspect page runs (trained checkpoints appear when they land); wanted:
     the model a link names, for the session's first draw."""
     choices = engine_session.model_choices()
+    kept = st.session_state.get(MODEL_KEPT)
+    if kept is not None and (why := engine_session.service_gone(kept)):   # the service ended: run a local model
+        st.session_state[MODEL_KEPT] = engine_session.default_model(choices)
+        local = choices[st.session_state[MODEL_KEPT]].label
+        st.session_state[SERVICE_GONE] = (f"The engine service is gone ({why}); this page runs {local} in this "
+                                          "process instead.")
+    if notice := st.session_state.get(SERVICE_GONE):   # said until another model is picked
+        st.warning(notice, icon=":material/link_off:")
     jump = st.session_state.get(INSPECT_JUMP)
     if jump and jump[0] in choices:  # a diagram box of a runnable config: inspect that model
         st.session_state[MODEL_KEPT] = jump[0]
@@ -47,7 +56,7 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
     with st.sidebar:
         st.markdown("### Inspect model")
         st.selectbox("Model to run", list(choices), key=MODEL, format_func=lambda k: choices[k].label,
-                     on_change=lambda: st.session_state.update({MODEL_KEPT: st.session_state[MODEL]}))
+                     on_change=_keep_model)
         st.caption("Presets of the V4.1 and V4 families small enough for this machine, and every `checkpoints/*/` "
                    f"directory. The engine runs on CPU with torch threads = {engine_session.TORCH_THREADS}.")
         choice = choices[st.session_state[MODEL_KEPT]]
@@ -56,6 +65,11 @@ def model_sidebar(wanted: str = "") -> engine_session.ModelChoice:
                  disabled=bool(choice.service), help=EXPERTS_HELP,
                  on_change=lambda: st.session_state.update({EXPERTS_KEPT: st.session_state[EXPERTS]}))
     return choice
+
+
+def _keep_model() -> None:
+    st.session_state[MODEL_KEPT] = st.session_state[MODEL]
+    st.session_state.pop(SERVICE_GONE, None)
 
 
 def experts_setting() -> str:
