@@ -1,7 +1,6 @@
 """Inspect panel builders on a real trace from short generations of tiny-v4.1 (random weights, DSpark, attention)."""
 from __future__ import annotations
 
-import html
 import threading
 import time
 
@@ -17,7 +16,15 @@ from v41viz.inspect.export import FORMATS, trace_bytes, trace_from_upload
 from v41viz.inspect.links import diagram_node, filter_path, mhc_site, panel_for, related
 from v41viz.inspect.run import GenSettings, LiveRun, new_trace, prompt_problem, status_sentence
 from v41viz.inspect.run_meta import settings_of
-from v41viz.inspect.tokens import alternatives, chosen_by, probability_text, token_detail_html, token_table, visible
+from v41viz.inspect.tokens import (
+    alternatives,
+    chosen_by,
+    probability_text,
+    token_detail_html,
+    token_html,
+    token_table,
+    visible,
+)
 from v41viz.inspect.trace_model import TEXTS, record_texts, shown_text, text_lookup, trace_model
 from v41viz.inspect.url import InspectLink, link_params, parse_link, prompt_id
 from v41viz.ui import engine_session
@@ -151,7 +158,7 @@ def test_engram_rows_gates_and_text(plain, slot):
     assert gates.shape == (len(positions), args.hc_mult) and ((gates >= 0) & (gates <= 1)).all()
     page = engram_panel.gated_text_html(trace, "layers.1.engram")
     for t in trace.tokens(0):
-        assert html.escape(t.text) in page
+        assert token_html(t.text) in page                 # the BOS as its ‹bos› chip, the rest escaped
     assert f"{gates[2].mean():.3f}" in page
     summary = engram_panel.token_summary(trace, "layers.1.engram")
     assert summary["compressed id"].iloc[1] == int(trace.fact("engram", "layers.1.engram", 0, 1)["compressed_ids"])
