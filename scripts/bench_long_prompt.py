@@ -6,8 +6,8 @@
 Each length runs in a fresh process (its peak RSS is its own): tiny-v4.1 with max_seq_len = the length, random-init
 weights, one random prompt prefilled in consecutive chunks of --prefill-chunk through one cache (as generation does),
 --runs times; one torch thread. The indexer's share is the time inside its forwards (the part the architecture makes
-quadratic: each query scores the S/ratio compressed rows before it); "rest" is the prefill less that. The last
-columns divide by the first length's figures scaled linearly, so 1.0 means linear growth. Peak RSS above the process's
+quadratic: each query scores the S/ratio compressed rows before it); "rest" is the prefill less that (rendered with
+its growth over the previous length's, scaled by length: ×1.00 is linear). Peak RSS above the process's
 RSS after building the model (its weights and warm-up) is shown beside the plan's whole figure for that context
 (engine.plan.host_run_bytes: weights, caches, working terms, staging), a ceiling it must stay under."""
 from __future__ import annotations
@@ -95,13 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                               a.dtype, "--prefill-chunk", str(a.prefill_chunk)], capture_output=True, text=True,
                              check=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
         row = json.loads(run.stdout.strip().splitlines()[-1])
-        first = rows[0] if rows else row
-        scale = row["tokens"] / first["tokens"]
-        row["rest_vs_linear"] = row["rest_s"] / (first["rest_s"] * scale)
-        row["indexer_vs_linear"] = row["indexer_s"] / (first["indexer_s"] * scale)
         rows.append(row)
         print(f"{row['tokens']:>6} tokens: prefill {row['prefill_s']:.2f} s (indexer {row['indexer_s']:.2f} s, "
-              f"rest {row['rest_s']:.2f} s = x{row['rest_vs_linear']:.2f} of linear), peak +"
+              f"rest {row['rest_s']:.2f} s), peak +"
               f"{row['peak_above_start_bytes'] / 2**20:,.0f} MiB, plan {row['plan_bytes'] / 2**20:,.0f} MiB",
               flush=True)
     recorder.write(rows, 1, settings={"config": "tiny-v4.1", "dtype": a.dtype, "runs": a.runs,
