@@ -243,6 +243,26 @@ def weights(r: dict, view: str) -> list[str]:
                    f"{row['seconds']:.3f}", f"{row['statistics']:,}", row["absent_boxes"]] for row in r["rows"]])
 
 
+def long_prompt(r: dict, view: str) -> list[str]:
+    """scripts/bench_long_prompt.py: prefill time by prompt length, the indexer's quadratic part apart, each part's
+    growth over the previous length per token (×1.00 = linear), peak RSS above start beside the plan's figure."""
+    s, rows = r["settings"], r["rows"]
+
+    def growth(i: int, key: str) -> str:   # over the previous length, per token: ×1.00 = linear
+        if i == 0:
+            return "–"
+        before, now = rows[i - 1], rows[i]
+        return f"×{now[key] / before[key] * before['tokens'] / now['tokens']:.2f}"
+    body = table(["prompt", "prefill s: median [min–max]", "indexer s (S·S/r)", "indexer growth", "rest s",
+                  "rest growth", "peak RSS above start", "plan (whole run)"],
+                 [[f"{row['tokens']:,}", f"{row['prefill_s']:,.2f} [{row['prefill_s_min']:,.2f}–"
+                   f"{row['prefill_s_max']:,.2f}]", f"{row['indexer_s']:,.2f}", growth(i, "indexer_s"),
+                   f"{row['rest_s']:,.2f}", growth(i, "rest_s"), f"{row['peak_above_start_bytes'] / 2**20:,.0f} MiB",
+                   f"{row['plan_bytes'] / 2**20:,.0f} MiB"] for i, row in enumerate(rows)])
+    return [*body, "", f"`{s['config']}` ({s['dtype']}, random-init), prefill in chunks of {s['prefill_chunk']:,} "
+                       f"tokens, median of {s['runs']} prefills per length, each length in a fresh process."]
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -258,7 +278,7 @@ def card(c: dict) -> list[str]:
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
              "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan,
-             "rehearsal": rehearsal, "weights": weights}
+             "rehearsal": rehearsal, "weights": weights, "long_prompt": long_prompt}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:

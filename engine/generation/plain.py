@@ -54,12 +54,13 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], request: Gene
     # request.prefill_chunk in consecutive chunks, so that its activations stay those of one chunk.
     last_logits, last_time = [], []
     for row, ids in enumerate(prompts):
-        out.record_prompt(row, ids, model, interventions)  # with a trace: also each prompt token's probability
+        out.record_prompt(row, ids)  # with a trace: the prefill scores each prompt token (prompt_logits)
         t0 = time.perf_counter()
         for start in range(0, len(ids), request.prefill_chunk):   # consecutive chunks through the same cache
             part = ids[start:start + request.prefill_chunk]
             logits = model(torch.tensor([part], device=device), cache, rows=torch.tensor([row], device=device),
-                           trace=trace, logits="last", interventions=interventions).logits  # [1, V]
+                           trace=trace, logits="last", interventions=interventions,
+                           prompt_logits=True).logits                            # [1, V]
         last_time.append(elapsed(t0, device))
         last_logits.append(logits)
     result.prefill_s = sum(last_time)

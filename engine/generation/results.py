@@ -139,30 +139,6 @@ def run_interventions(model: Transformer, items: Interventions | Iterable[Interv
     return checked
 
 
-PROMPT_LOGITS_VALUES = 2**24  # logits held at once while scoring a prompt (64 MiB in fp32)
-
-
-@torch.inference_mode()
-def score_prompt(model: Transformer, ids: list[int], row: int, trace: Trace,
-                 interventions: Interventions | None = None) -> None:
-    """Teacher-forced probabilities of a prompt's tokens, into the trace: the prompt (all but its last token) runs
-    through a cache of its own in chunks whose logits stay under PROMPT_LOGITS_VALUES (chunked prefill equals
-    one-shot prefill), and position p's logits score the token at p + 1. A separate forward, without the trace,
-    so that tracing changes nothing the generation computes. A model split over ranks (engine.parallel) runs it
-    on every rank: each rank traces alike, so every rank runs the same forwards. interventions: the run's (the
-    prompt is scored by the model the run generates with)."""
-    if len(ids) < 2:
-        return
-    device = next(model.parameters()).device
-    chunk = max(1, PROMPT_LOGITS_VALUES // model.args.vocab_size)
-    cache = model.new_cache(1, len(ids))
-    for start in range(0, len(ids) - 1, chunk):
-        part = ids[start:min(start + chunk, len(ids) - 1)]
-        logits = model(torch.tensor([part], device=device), cache, logits="all",
-                       interventions=interventions).logits[0]                              # [≤ len(part), V]
-        trace.record_prompt_logits(row, start + len(part) - logits.shape[0], logits)
-
-
 class Emitter:
     """Commits tokens to a result the same way for every loop: stop check, append, trace, callback, finish."""
 
@@ -173,14 +149,11 @@ class Emitter:
         self.trace, self.on_token = trace, on_token
         self.text_of = token_text or (lambda t: "")
 
-    def record_prompt(self, row: int, ids: list[int], model: Transformer | None = None,
-                      interventions: Interventions | None = None) -> None:
-        """The prompt's tokens into the trace; with the model, also how probable each was (score_prompt, under the
-        run's interventions)."""
+    def record_prompt(self, row: int, ids: list[int]) -> None:
+        """The prompt's tokens into the trace, before its prefill: the prefill's forwards (prompt_logits=True) then
+        score each of them with the logits of the position before it."""
         if self.trace is not None:
             self.trace.record_prompt(row, ids, [self.text_of(t) for t in ids])
-            if model is not None:
-                score_prompt(model, ids, row, self.trace, interventions)
 
     def emit(self, row: int, pos: int, token: int, step: int, time_s: float, logits: torch.Tensor,
              prob: float) -> bool:

@@ -159,14 +159,15 @@ class _Speculation:
         by_len: dict[int, list[int]] = {}
         for row, ids in enumerate(self.prompts):
             by_len.setdefault(len(ids), []).append(row)
-            self.out.record_prompt(row, ids, self.model, self.interventions)
+            self.out.record_prompt(row, ids)          # with a trace: the prefill scores each prompt token
         model, dev = self.model, self.model.device
         for length, group in by_len.items():
             t0 = time.perf_counter()
             ids = torch.tensor([self.prompts[r] for r in group], device=dev)      # [G, length]
             for start in range(0, length, self.prefill_chunk):   # consecutive chunks through the same caches
                 logits, taps = model(ids[:, start:start + self.prefill_chunk], self.cache, rows=torch.tensor(group),
-                                     trace=self.trace, logits="last", interventions=self.interventions)
+                                     trace=self.trace, logits="last", interventions=self.interventions,
+                                     prompt_logits=True)
                 self.rings.append(model, taps, group)                         # taps [G, chunk, n_taps·dim]
             dt = elapsed(t0, dev)
             self.res.prefill_s += dt

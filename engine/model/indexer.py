@@ -96,10 +96,10 @@ class Indexer(nn.Module):
 
     def filter_candidates(self, scores: torch.Tensor, ctx: ForwardContext, sl: slice = slice(None)) -> torch.Tensor:
         """Level two of the hierarchical top-k: scores [B, s, W] of the queries ctx.positions[:, sl], −inf outside
-        the candidate blocks the candidate source published for them."""
+        the candidate blocks the candidate source published for them (scores may cover only the first W rows)."""
         if ctx.candidates is None:
             raise RuntimeError(f"{self.role.path}: candidate mask missing; its candidate source did not run")
-        keep = ctx.candidates[:, sl]                                                  # [B, s, W]
+        keep = ctx.candidates[:, sl, :scores.size(-1)]                              # [B, s, W]
         skipped = ctx.interventions.candidate_filter_off(ctx.positions[:, sl])      # [B, s] or None
         if skipped is not None:  # intervention: no candidate filter there, every visible row is scored
             keep = keep | skipped.unsqueeze(-1)

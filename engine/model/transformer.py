@@ -31,6 +31,11 @@ from .options import EngineOptions
 if TYPE_CHECKING:  # the trace records what the model computes: named for annotations only
     from ..trace import Trace
 
+# logits a forward with prompt_logits hands to the trace at once (64 MiB in fp32): a long prompt's every-position
+# logits would otherwise be S × vocabulary values at once
+PROMPT_LOGITS_VALUES = 2**24
+
+
 class ForwardOutput(NamedTuple):
     """What a forward returns: logits [B, V] or [B, S, V] (fp32; float64 for a float64 model) and taps
     [B, S, n_taps·dim], the DSpark drafter's features (None for a model without DSpark target layers)."""
@@ -113,7 +118,8 @@ class Transformer(HCHead):
     def forward(self, tokens: torch.Tensor, cache: ModelCache | None = None, *, rows: Rows | None = None,
                 trace: Trace | None = None, logits: str = "last", image_mask: torch.Tensor | None = None,
                 indexer_loss: IndexerLoss | None = None,
-                interventions: Interventions | Iterable[Intervention | str] | None = None) -> ForwardOutput:
+                interventions: Interventions | Iterable[Intervention | str] | None = None,
+                prompt_logits: bool = False) -> ForwardOutput:
         """tokens [B, S] → ForwardOutput: logits [B, V] ("last") or [B, S, V] ("all"), fp32 (float64 for a
         float64 model), and taps, main_hidden [B, S, n_taps·dim] (mean over streams of the residual entering
         each DSpark target layer; None without DSpark).
@@ -123,6 +129,9 @@ class Transformer(HCHead):
         cover only the last window positions. indexer_loss: an IndexerLoss that collects the indexer's
         auxiliary loss (training; the outputs do not change). interventions: what-if changes (an Interventions,
         or Intervention items / texts checked against the config; engine.request.interventions), at absolute positions.
+        prompt_logits (with a trace): every position's logits also go to trace.record_prompt_logits, which scores
+        the prompt tokens they predict (the Inspect page's prompt probabilities), PROMPT_LOGITS_VALUES at a time so
+        that they stay bounded; the returned logits are those of `logits`, computed as without it.
         """
         tokens = self.check_tokens(tokens)
         if logits not in ("last", "all"):
@@ -150,12 +159,13 @@ class Transformer(HCHead):
                              trace=trace, indexer_loss=indexer_loss,
                              interventions=Interventions.of(interventions, self.args))
         engram = self.engram_rows(tokens.cpu(), image_mask, cache, row_ids, positions)
-        out = self.run_layers(tokens.to(dev), ctx, engram, logits)
+        out = self.run_layers(tokens.to(dev), ctx, engram, logits, prompt_logits=prompt_logits and trace is not None)
         cache.advance(row_ids, S)
         return out
 
     def run_layers(self, tokens: torch.Tensor, ctx: ForwardContext,
-                   engram: tuple[torch.Tensor, torch.Tensor] | None, logits: str = "last") -> ForwardOutput:
+                   engram: tuple[torch.Tensor, torch.Tensor] | None, logits: str = "last",
+                   prompt_logits: bool = False) -> ForwardOutput:
         """The device part of forward: tokens [B, S] on the model's device, a prepared context and the
         hashed Engram rows (row ids [B, S, L, cols], compressed ids [B, S]) → ForwardOutput.
         Reads and writes ctx.cache's tensors in place; touches none of the host bookkeeping (pos, history).
@@ -187,9 +197,21 @@ class Transformer(HCHead):
             if lens is not None:
                 lens.add(layer.path, h_in, h, pre, ctx)
         x = self.readout(h, pre) if lens is None else lens.finish(h, pre, ctx)   # (the lens's last read-out, if made)
+        if prompt_logits:
+            self.score_positions(x, ctx)
         if logits == "last":
             x = x[:, -1]
         return ForwardOutput(self.vocab_logits(x), torch.cat(taps, -1) if taps else None)
+
+    def score_positions(self, x: torch.Tensor, ctx: ForwardContext) -> None:
+        """The head's input x [B, S', dim] (the call's last S' positions) → each position's logits, into
+        ctx.trace.record_prompt_logits a slice of at most PROMPT_LOGITS_VALUES logits at a time."""
+        rows, positions = ctx.trace_rows()
+        chunk = max(1, PROMPT_LOGITS_VALUES // self.args.vocab_size)
+        first = positions[:, -x.size(1)].tolist()                               # [B] position of x[:, 0]
+        for b, row in enumerate(rows.tolist()):
+            for j in range(0, x.size(1), chunk):
+                ctx.trace.record_prompt_logits(row, first[b] + j, self.vocab_logits(x[b, j:j + chunk]))
 
     def readout(self, h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """hc streams h [B, S, hc, dim] → the final norm's output [B, S, dim], the head's input: V4.1 collapses

@@ -2,27 +2,32 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..model.context import ForwardContext
-from ..model.indexer import Indexer, select_candidate_blocks, stable_topk
+from ..model.indexer import Indexer
 from ..model.norm import upcast
 from ..model.rope import apply_rope
 from .call_values import call_rows, call_visible, call_width, every_visible_row
 from .fast_quant import fp4_qdq, v4_index_qdq
 from .fast_rope import MAX_ROTATED_POSITIONS, rotate, rotation_of
+from .fast_topk import ascending_topk, candidate_blocks
 from .sync_free import sync_free_active
 
 
 class FastIndexer(Indexer):
-    """Indexer.forward with three changes, none of which changes a result beyond float rounding:
+    """Indexer.forward with four changes, none of which changes a result beyond float rounding:
 
     * when the call's widest row sees at most index_topk compressed rows, the top-k takes them all whatever
       their scores (−inf ones included), so the list is every visible row in order, returned without projecting
       queries or scoring keys. A candidate source then publishes no candidate mask; its readers share its index
       keys, hence its width, and take this shortcut too;
-    * otherwise, for a few queries, RoPE as one matmul (engine.speedups.fast_rope) and the reference's loop body
-      without its slicing (scores still come from Indexer._scores);
-    * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit.
+    * otherwise RoPE as one matmul (engine.speedups.fast_rope, up to MAX_ROTATED_POSITIONS) and the reference's
+      query-block loop (scores still come from Indexer._scores);
+    * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit;
+    * a long call (a prefill) scores each block of queries against the rows its last query can see, not the
+      call's whole width (causal: the rest would be −inf, so the picks are the same; half the S·S/ratio scores),
+      and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort.
     Autograd runs the reference code; sync_free() (the static shapes of CUDA graphs and torch.compile) the
     reference forward, over the fast inputs."""
 
@@ -31,22 +36,33 @@ class FastIndexer(Indexer):
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, cis: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         role = self.role
-        if self._reference_needed(ctx) or x.size(1) > ctx.options.attn_query_block:
+        if self._reference_needed(ctx):
             return super().forward(x, qr, cis, ctx)
         ratio = ctx.cache.ratio[role.index_key_source]
         width = call_width(ctx, ratio)
         if width <= self.topk:
             return every_visible_row(ctx, ratio, width)   # width 0 too: an empty list
-        # the reference's loop body, for a call that fits one query block
         q, w, keys, visible = self._inputs(x, qr, cis, ctx, width)
-        scores = self._scores(q, w, keys, visible)                                   # [B, S, W]
+        S, step, k = x.size(1), ctx.options.attn_query_block, self.topk
+        starts = ctx.cached("starts", ctx.start.tolist)
+        masks, picks = [], []
+        for s0 in range(0, S, step):      # query blocks bound the [B, block, h, W] scores, as in the reference
+            sl = slice(s0, s0 + step)
+            # causal: no query of this block sees a row past its last query's; those columns would be −inf
+            seen = max((start + min(S, s0 + step)) // ratio for start in starts)
+            vis = visible[:, sl]
+            scores = self._scores(q[:, sl], w[:, sl], keys[:, :seen], vis)                  # [B, s, seen]
+            if role.candidate_source:
+                masks.append(F.pad(candidate_blocks(scores, vis, self.top_blocks, self.block), (0, width - seen)))
+            elif role.uses_candidates:
+                scores = self.filter_candidates(scores, ctx, sl)
+            idx = ascending_topk(scores, min(k, seen))
+            # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
+            idx = torch.where(idx < vis.unsqueeze(-1), idx, -1)
+            picks.append(F.pad(idx, (0, k - idx.size(-1)), value=-1))   # past `seen`: picks the reference drops
         if role.candidate_source:
-            ctx.candidates = select_candidate_blocks(scores, visible, self.top_blocks, self.block)
-        elif role.uses_candidates:
-            scores = self.filter_candidates(scores, ctx)
-        idx = stable_topk(scores, self.topk).sort(-1).values
-        # the reference keeps any pick inside the visible range (even a −inf one), drops the rest
-        return torch.where(idx < visible.unsqueeze(-1), idx, -1)
+            ctx.candidates = torch.cat(masks, 1)
+        return torch.cat(picks, 1)
 
     def keys(self, latent: torch.Tensor, cis: torch.Tensor, quant: bool) -> torch.Tensor:
         if torch.is_grad_enabled() and self.wq_b.weight.requires_grad:

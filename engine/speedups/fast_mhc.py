@@ -42,13 +42,15 @@ SITE_PARAMS = {site: tuple(f"hc_{site}_{k}" for k in ("fn", "scale", "base")) fo
 def seam_mixes(block, xf: torch.Tensor, site: str) -> Seam:
     """xf [B, S, hc, D] (fp32, or float64) → the site's Seam: engine.model.mhc.hc_mixes up to float rounding.
     The RMS statistic scales the input instead of the projection (F.rms_norm, one op) and scale and base act on
-    the whole mixes vector at once; for a few tokens on the CPU everything after the projection (RMS factors,
-    sigmoids, the Sinkhorn) runs token by token in double precision (_few_tokens), packed back into one tensor."""
+    the whole mixes vector at once; on the CPU everything after the projection (RMS factors, sigmoids, the
+    Sinkhorn) runs token by token in double precision (_few_tokens), packed back into one tensor: for a few tokens
+    always, for many (a prefill) where the C++ kernel built, since its loop costs ~1 µs a token against ~120
+    numpy ops over stacks of hc×hc matrices (a quarter of a 512-token prefill on one thread)."""
     B, S, hc, D = xf.shape
     fn, scale, base = (block._parameters[name] for name in SITE_PARAMS[site])
     flat = xf.view(B, S, hc * D)                                              # [B, S, hc·D]
-    if B * S <= FEW_TOKENS and xf.device.type == "cpu" and not sync_free_active():
-        return _few_tokens(block, flat, fn, scale, base, site, hc)
+    if xf.device.type == "cpu" and not sync_free_active() and (B * S <= FEW_TOKENS or cpu_seam.load() is not None):
+        return _few_tokens(block, flat, fn, scale, base, site, hc)   # a prefill too: the kernel's loop is the cheap one
     mixes = F.linear(F.rms_norm(flat, (hc * D,), None, block.norm_eps), fn)   # [B, S, 2hc + hc²]
     # scale[0] on the pre entries, scale[1] on post, scale[2] on the hc² comb logits
     full = derived(block).get(f"{site}.scale", (scale,), lambda: torch.cat(

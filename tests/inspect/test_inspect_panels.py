@@ -517,13 +517,13 @@ def test_charts_keep_ratios_non_negative_and_ids_categorical(plain):
 
 
 def test_prompt_probabilities_do_not_depend_on_the_chunking(slot, monkeypatch):
-    """A long prompt is scored in chunks that bound the logits held at once; the chunks give the same
-    probabilities as one pass (chunked prefill equals one-shot prefill)."""
-    from engine.generation import results
+    """A long prompt is scored in slices that bound the logits held at once (inside its prefill: prompt_logits);
+    the slices give the same probabilities as one pass."""
+    from engine.model import transformer
     ids = slot.engine.encode("It was the best of times, it was the worst of times, it was the age of wisdom")
 
     def probabilities(values: int) -> list[float]:
-        monkeypatch.setattr(results, "PROMPT_LOGITS_VALUES", values)
+        monkeypatch.setattr(transformer, "PROMPT_LOGITS_VALUES", values)
         trace = Trace()
         slot.engine.generate([ids], GenerationRequest.of(1, trace=trace))
         return [t.logprob for t in trace.tokens(0) if not t.generated][1:]
