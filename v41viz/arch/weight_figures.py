@@ -39,7 +39,8 @@ def heatmap(df: pd.DataFrame, stat: str, focus: str = "", value: str = "value", 
     axis = d["axis"].iloc[0] if len(d) else ""
     fig.update_layout(title=title or (stat if value == "value" else f"{stat}: {value}"),
                       height=min(900, 140 + 18 * len(labels)), margin=dict(l=10, r=10, t=40, b=40),
-                      xaxis_title=AXIS_TITLES.get(axis, axis), yaxis_autorange="reversed")
+                      xaxis_title=AXIS_TITLES.get(axis, axis), yaxis_autorange="reversed",
+                      xaxis_type="category")   # whole indices (heads, experts): no ticks at −0.5, 0.5, …
     return fig
 
 
