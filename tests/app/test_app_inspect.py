@@ -1,4 +1,5 @@
 """AppTest of the Inspect page: load, generate, every panel, DSpark, URL state, bad input, links with the diagram."""
+import gc
 import json
 from pathlib import Path
 
@@ -72,10 +73,16 @@ def test_the_full_width_rehearsal_folder_runs_in_the_page(monkeypatch):   # [145
     folder = rehearsal_folder()
     choices = {k: c for k, c in engine_session.model_choices(folder.parent).items() if k.endswith(folder.name)}
     monkeypatch.setattr(engine_session, "model_choices", lambda: choices)
-    at = generate(inspect_page(model=f"checkpoint:{folder.name}"), prompt="The king", max_new=2)
-    assert not at.exception, at.exception
-    assert "status: **stopped at max new tokens (2 tokens)**" in text_of(at)
-    assert any(m.value.startswith(f"**checkpoint:{folder.name}** · 7 layers") for m in at.markdown)
+    at = None
+    try:
+        at = generate(inspect_page(model=f"checkpoint:{folder.name}"), prompt="The king", max_new=2)
+        assert not at.exception, at.exception
+        assert "status: **stopped at max new tokens (2 tokens)**" in text_of(at)
+        assert any(m.value.startswith(f"**checkpoint:{folder.name}** · 7 layers") for m in at.markdown)
+    finally:   # the page's engine (9.5 GiB) lives in this process's st.cache_resource: the next full-width test
+        at = None                                      # runs in this process too, and needs the memory back
+        engine_session._cached_slot.clear()
+        gc.collect()
 
 
 def test_generate_then_every_panel_renders_with_data():
