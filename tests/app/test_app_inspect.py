@@ -6,18 +6,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-TIMEOUT = 180
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app_helpers import APP, TIMEOUT, inspect_page
+
 PANELS = ("Experts", "mHC", "Engram", "DSpark", "Logit lens", "Attention")
-
-
-def inspect_page(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    at.switch_page("pages/inspect.py")
-    return at.run()
 
 
 def generate(at: AppTest, prompt: str = "The quick brown fox", **settings) -> AppTest:

@@ -1,25 +1,13 @@
 """AppTest of the Inspect page with the run store (issue 46): a run's link names it by its store id, and a new
 session (a refresh, another tab, a restarted server: the store is on disk) opens the run itself, not a rerun; an
 interrupted run shows the tokens it had; an id the store does not have is said, and the page works."""
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.app_helpers import inspect_page
 from v41viz.inspect import run_store
 from v41viz.inspect.run_store import RunStore
-
-TIMEOUT = 180
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-def inspect_page(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    at.switch_page("pages/inspect.py")
-    return at.run()
 
 
 def text_of(at: AppTest) -> str:

@@ -1,21 +1,10 @@
 """What a user set survives a visit to another page (issue 45 part 2): the Inspect form's edits not yet generated,
 the selected panel and token, and the URL names the model picked."""
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-TIMEOUT = 180
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-def inspect_page(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    at.switch_page("pages/inspect.py")
-    return at.run()
+from tests.app_helpers import APP, TIMEOUT, inspect_page
 
 
 def query(at, key: str) -> str | None:
