@@ -21,16 +21,24 @@ def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def candidate_block_scores(scores: torch.Tensor, visible: torch.Tensor, block: int) -> torch.Tensor:
+    """Each block of `block` positions scored by its best position: [B, S, W] scores, visible [B, S] →
+    [B, S, ceil(W / block)], the newest visible block (only partly filled) pinned to +inf so that older full blocks
+    cannot outscore it."""
+    width = scores.size(-1)
+    padded = F.pad(scores, (0, -width % block), value=float("-inf"))
+    block_scores = padded.unflatten(-1, (-1, block)).amax(-1)            # [B, S, n_blocks]
+    newest = ((visible - 1).div(block, rounding_mode="floor")).unsqueeze(-1)
+    blocks = torch.arange(block_scores.size(-1), device=scores.device)
+    return block_scores.masked_fill(blocks == newest, float("inf"))
+
+
 def select_candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int, block: int) -> torch.Tensor:
     """Level one of the hierarchical top-k: [B, S, W] scores (unreachable = −inf), visible [B, S] →
     bool mask [B, S, W] of the positions inside each query's `top_blocks` best blocks of `block` positions."""
     width = scores.size(-1)
-    padded = F.pad(scores, (0, -width % block), value=float("-inf"))
-    block_scores = padded.unflatten(-1, (-1, block)).amax(-1)            # [B, S, n_blocks]
+    block_scores = candidate_block_scores(scores, visible, block)        # [B, S, n_blocks]
     n_blocks = block_scores.size(-1)
-    # the newest visible block is only partly filled: pin it so older full blocks cannot outscore it
-    newest = ((visible - 1).div(block, rounding_mode="floor")).unsqueeze(-1)
-    block_scores = block_scores.masked_fill(torch.arange(n_blocks, device=scores.device) == newest, float("inf"))
     top = stable_topk(block_scores, min(top_blocks, n_blocks))
     reachable = block_scores.gather(-1, top) > float("-inf")              # fewer reachable blocks: drop the rest
     keep = torch.zeros_like(block_scores, dtype=torch.bool).scatter_(-1, top, reachable)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..model.indexer import select_candidate_blocks, stable_topk
+from ..model.indexer import candidate_block_scores, select_candidate_blocks, stable_topk
 
 
 def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor | None:
@@ -35,11 +34,8 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, top_blocks: in
     """engine.model.indexer.select_candidate_blocks with its top-k as a mask (topk_mask): scores [B, S, W],
     visible [B, S] → bool [B, S, W], the same positions."""
     width = scores.size(-1)
-    padded = F.pad(scores, (0, -width % block), value=float("-inf"))
-    block_scores = padded.unflatten(-1, (-1, block)).amax(-1)               # [B, S, n_blocks]
+    block_scores = candidate_block_scores(scores, visible, block)           # [B, S, n_blocks]
     n_blocks = block_scores.size(-1)
-    newest = ((visible - 1).div(block, rounding_mode="floor")).unsqueeze(-1)
-    block_scores = block_scores.masked_fill(torch.arange(n_blocks, device=scores.device) == newest, float("inf"))
     top = topk_mask(block_scores, min(top_blocks, n_blocks))
     if top is None:
         return select_candidate_blocks(scores, visible, top_blocks, block)
