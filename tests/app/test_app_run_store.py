@@ -19,7 +19,7 @@ def test_a_link_opens_the_stored_run_itself_in_a_new_session():
     at = inspect_page()
     at.text_area(key="inspect_prompt").input("ROMEO:")
     at.number_input(key="inspect_max_new").set_value(4)
-    at.button(key="FormSubmitter:inspect_form-Generate").click()
+    at.button(key="inspect_generate").click()
     at.run()
     assert not at.exception, at.exception
     run_id = at.query_params["run"]

@@ -110,18 +110,18 @@ def test_accounting_tab_and_memory_plan_inputs_survive_another_page_and_are_in_t
     at.session_state["arch_accounting_tab"] = "Bytes"
     at.radio(key="plan_experts").set_value("in host RAM (one GPU)")
     at.number_input(key="plan_gpu_mem").set_value(80.0)
-    at.number_input(key="plan_context").set_value(8192).run()
+    at.number_input(key="plan_context").set_value(256).run()   # tiny-v4.1 reads 512
     assert not at.exception, at.exception
     assert (query(at, "tab"), query(at, "experts"), query(at, "gpu_mem"), query(at, "context")) == \
-        ("Bytes", "host", "80", "8192")
+        ("Bytes", "host", "80", "256")
     at.switch_page("pages/compare.py").run()
     at.switch_page("pages/architecture.py").run()
-    assert at.number_input(key="plan_context").value == 8192 and at.number_input(key="plan_gpu_mem").value == 80.0
+    assert at.number_input(key="plan_context").value == 256 and at.number_input(key="plan_gpu_mem").value == 80.0
     assert at.radio(key="plan_experts").value == "in host RAM (one GPU)" and query(at, "tab") == "Bytes"
     # a fresh session opening the link sees the same inputs; a bad value is named and ignored
-    other = architecture_page(config="tiny-v4.1", tab="Bytes", gpus="4", context="8192", batch="0")
+    other = architecture_page(config="tiny-v4.1", tab="Bytes", gpus="4", context="256", batch="0")
     assert not other.exception, other.exception
-    assert other.number_input(key="plan_gpus").value == 4 and other.number_input(key="plan_context").value == 8192
+    assert other.number_input(key="plan_gpus").value == 4 and other.number_input(key="plan_context").value == 256
     assert other.session_state["arch_accounting_tab"] == "Bytes" and other.number_input(key="plan_batch").value == 1
     assert any("`batch=0` was ignored" in w.value for w in other.warning)
 
