@@ -291,8 +291,10 @@ def test_the_auto_schedule_says_it_profiles_the_machine(server, browser, screens
 
 
 def test_a_link_reopens_the_same_generation_and_view(server, browser, screenshots):
-    """An Inspect link carries the model, prompt, settings, panel, layer, seam and token: a fresh browser session
-    opening it is offered the same generation, and running it lands on the same view with the same text."""
+    """An Inspect link carries the model, prompt, settings, panel, layer, seam, token and the run's id in the run
+    store: a fresh browser session opening it is shown the stored run itself (nothing to run again) on the same view
+    with the same text. A link whose run the store does not have (dropped, or made by another server) is offered
+    the same generation instead, and running it lands on the same view with the same text."""
     base, _ = server
     page = open_inspect(browser, base + "/inspect", height=1400)
     _own_settings(page)
@@ -315,23 +317,41 @@ def test_a_link_reopens_the_same_generation_and_view(server, browser, screenshot
     link, text = page.url, _output(page)
     for key in ("model=checkpoint", "prompt=Good+morrow", "temperature=0.7", "seed=5", "dspark=1", "panel=mHC"):
         assert key in link, (key, link)
+    run_id = re.search(r"[?&]run=([0-9a-f]{16})(&|$)", link)
+    assert run_id, link
     page.close()
-    other = open_inspect(browser, link, height=1400)    # a page in a new browser context: a fresh session
+
+    def same_view(other) -> None:
+        assert _output(other) == text
+        expect(other.get_by_role("radiogroup", name="Panel").get_by_role("radio", name="mHC")).to_be_checked()
+        expect(other.locator(".st-key-mhc_layer [data-testid='stSliderThumbValue']")).to_have_text("layers.3")
+        expect(other.locator(".st-key-mhc_site").get_by_role("radio", name="ffn")).to_be_checked()
+        expect(other.locator(".st-key-inspect_token [data-testid='stSliderThumbValue']")).to_have_text(
+            re.compile("^6:"))
+        expect(other.get_by_text("layers.3 · ffn seam · position 6")).to_be_visible()
+        expect(other.get_by_label("Prompt")).to_have_value("Good morrow, cousin")
+        expect(other.get_by_role("spinbutton", name="seed")).to_have_value("5")
+
+    stored = open_inspect(browser, link, height=1400)   # a page in a new browser context: a fresh session
+    stored.get_by_text(f"stored run {run_id[1]}").first.wait_for(timeout=60_000)
+    stored.get_by_text(FINISHED).wait_for(timeout=60_000)
+    settled(stored)
+    expect(stored.locator(".st-key-inspect_offer")).to_have_count(0)   # the run itself: nothing to run again
+    same_view(stored)
+    stored.screenshot(path=str(screenshots / "inspect_link_reopened.png"), full_page=True)
+    stored.close()
+
+    gone = link.replace(f"run={run_id[1]}", "run=0123456789abcdef")   # a run this server's store does not have
+    other = open_inspect(browser, gone, height=1400)
+    expect(other.locator(MAIN)).to_contain_text("0123456789abcdef is not in the run store")
     offer = other.locator(".st-key-inspect_offer")
     expect(offer).to_contain_text("This link shares a generation")
     expect(offer).to_contain_text("temperature 0.7")
-    expect(other.get_by_label("Prompt")).to_have_value("Good morrow, cousin")
-    expect(other.get_by_role("spinbutton", name="seed")).to_have_value("5")
     offer.get_by_role("button", name="Run the linked generation").click()
     other.get_by_text(FINISHED).wait_for(timeout=120_000)
     settled(other)
-    assert _output(other) == text
-    expect(other.get_by_role("radiogroup", name="Panel").get_by_role("radio", name="mHC")).to_be_checked()
-    expect(other.locator(".st-key-mhc_layer [data-testid='stSliderThumbValue']")).to_have_text("layers.3")
-    expect(other.locator(".st-key-mhc_site").get_by_role("radio", name="ffn")).to_be_checked()
-    expect(other.locator(".st-key-inspect_token [data-testid='stSliderThumbValue']")).to_have_text(re.compile("^6:"))
-    expect(other.get_by_text("layers.3 · ffn seam · position 6")).to_be_visible()
-    other.screenshot(path=str(screenshots / "inspect_link_reopened.png"), full_page=True)
+    same_view(other)
+    other.screenshot(path=str(screenshots / "inspect_link_rerun.png"), full_page=True)
     other.close()
 
 

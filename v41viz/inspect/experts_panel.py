@@ -9,7 +9,15 @@ from engine.accounting.experts_touched import expected_touched
 from engine.trace import Trace, path_order
 
 from .links import related
-from .panel_style import categorical_scale, clickable_cells, mark_token, ratio_scale, thinned_categories, titled
+from .panel_style import (
+    categorical_scale,
+    clickable_cells,
+    mark_token,
+    ratio_scale,
+    thinned_categories,
+    titled,
+    width_thinned_categories,
+)
 from .tokens import axis_labels, labels
 from .trace_model import trace_model
 
@@ -79,7 +87,10 @@ def choice_heatmap(trace: Trace, row: int = 0, only: str | None = None, n_expert
     fig.update_layout(height=_height(len(paths)), margin=dict(l=10, r=10, t=30, b=10),
                       yaxis=dict(autorange="reversed", title=None), xaxis=dict(title="token (position:text)"),
                       title=dict(text="chosen experts per token and layer", font=dict(size=13)))
-    return thinned_categories(clickable_cells(mark_token(fig, positions, pos)), x)
+    fig = clickable_cells(mark_token(fig, positions, pos))
+    # past LABELLED_TOKENS the colour bar takes room from the plot (about 310 px of it in a 1000 px window, where
+    # 24 fixed labels overlapped): the labels are thinned to the drawn width; up to it every token is labelled
+    return width_thinned_categories(fig) if len(positions) > LABELLED_TOKENS else thinned_categories(fig, x)
 
 
 def load_table(trace: Trace, paths: list[str], n_experts: int) -> pd.DataFrame:
