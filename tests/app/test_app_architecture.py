@@ -1,7 +1,6 @@
 """AppTest of the app shell and the architecture page: load, URL restore, selection, expansion, every preset."""
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,20 +9,15 @@ from streamlit.testing.v1 import AppTest
 
 from engine.spec.config import ConfigError
 from engine.spec.presets import list_presets
+from tests.app_helpers import APP, open_page
 from v41viz.ui.sidebar import parse_upload
 
 TIMEOUT = 120
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def app(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    at.switch_page("pages/architecture.py")
-    return at.run()
+    return open_page("pages/architecture.py", timeout=TIMEOUT, **query)
 
 
 def query(at, key: str) -> str:

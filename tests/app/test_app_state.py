@@ -4,7 +4,7 @@ the selected panel and token, and the URL names the model picked."""
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app_helpers import APP, TIMEOUT, inspect_page
+from tests.app_helpers import APP, TIMEOUT, architecture_page, inspect_page
 
 
 def query(at, key: str) -> str | None:
@@ -92,15 +92,6 @@ def test_what_if_starts_where_a_change_can_matter_and_says_why():
     rerun = [t.token_id for t in held.run.trace.tokens(0) if t.generated]
     logp = [t.logprob for t in toks if t.generated], [t.logprob for t in held.run.trace.tokens(0) if t.generated]
     assert rerun != baseline or logp[0] != logp[1]      # something moved
-
-
-def architecture_page(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    at.switch_page("pages/architecture.py")
-    return at.run()
 
 
 @pytest.mark.slow  # Architecture page runs of tiny-v4.1 and a page visit [~12 s]
