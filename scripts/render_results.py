@@ -263,6 +263,21 @@ def long_prompt(r: dict, view: str) -> list[str]:
                        f"tokens, median of {s['runs']} prefills per length, each length in a fresh process."]
 
 
+def verify_rows(r: dict, view: str) -> list[str]:
+    """scripts/verify_rows.py: row 0 of a verify block against the one-token decode step, per decode position
+    (the logits' largest |difference| beside the decode step's top-2 margin), or per layer ("layers": the largest
+    |difference| of each layer's output over the positions), under each numerics."""
+    rows, settings = r["rows"], r["settings"]
+    kinds = list(dict.fromkeys(row["numerics"] for row in rows))
+    if view == "layers":
+        return table(["layer output", *kinds],
+                     [[name, *(f"{max(row['layers'][name] for row in rows if row['numerics'] == k):.1e}"
+                               for k in kinds)] for name in settings["layers"]])
+    return table(["numerics", "position", "logits: largest |difference|", "decode's top-2 margin", "same greedy token"],
+                 [[row["numerics"], f"{row['position']:,}", f"{row['logits']:.1e}", f"{row['margin']:.3f}",
+                   "yes" if row["same_token"] else "**no**"] for row in rows])
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -278,7 +293,8 @@ def card(c: dict) -> list[str]:
 RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspark, "sampling": sampling,
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
              "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan,
-             "rehearsal": rehearsal, "weights": weights, "long_prompt": long_prompt}
+             "rehearsal": rehearsal, "weights": weights, "long_prompt": long_prompt,
+             "verify_rows": verify_rows}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:

@@ -1,6 +1,7 @@
 // A few rows (a decode step, a DSpark verify or draft block) times a weight kept in the official storage formats, on
 // the CPU: y[m, n] = Σ_k x[m, k] · W[n, k] with W decoded from its codes as it is read, never as a whole dequantized
-// copy. The Python path (engine/quant/modules.py) dequantizes the whole weight for every call, a few billion values a
+// copy. Plain fp32 and bf16 weights (the head, the router, mHC's projections) take the same loop (float_rows), so
+// that every product of a verify block rounds each row as a decode step does. The Python path (engine/quant/modules.py) dequantizes the whole weight for every call, a few billion values a
 // decode step at the release's widths; here each code is decoded once per call and used for every row.
 //
 // FP8: W[n, k] = e4m3(w[n, k]) · e8m0(scale[n / b0, k / b1]); MXFP4: W[n, k] = e2m1(nibble k of row n) ·
@@ -13,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -123,7 +126,38 @@ torch::Tensor fp4_rows(const torch::Tensor& x, const torch::Tensor& packed, cons
   });
 }
 
+// x [M, K] float32 · (weight [N, K] float32 or bfloat16)ᵀ → [M, N] float32: torch's matmul adds in an order that
+// depends on M (one row is a matrix-vector product, six a matrix product), this loop in the same order at any M
+torch::Tensor float_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+  constexpr int64_t WIDTH = 256;
+  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(weight.device().is_cpu() && weight.is_contiguous() && weight.dim() == 2 &&
+                  (bf16 || weight.scalar_type() == torch::kFloat32),
+              "float_rows: weight must be a contiguous 2-D float32 or bfloat16 CPU tensor");
+  const int64_t n_out = weight.size(0), k = weight.size(1);
+  check_rows(x, k, "float_rows");
+  if (!bf16) {
+    const float* w = weight.data_ptr<float>();
+    return rows_times_weight(x, n_out, k, WIDTH, [=](int64_t n, int64_t kb, float* values) {
+      const float* row = w + n * k + kb * WIDTH;
+      std::copy(row, row + std::min(WIDTH, k - kb * WIDTH), values);
+      return 1.0f;
+    });
+  }
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  return rows_times_weight(x, n_out, k, WIDTH, [=](int64_t n, int64_t kb, float* values) {
+    const uint16_t* row = w + n * k + kb * WIDTH;
+    const int64_t len = std::min(WIDTH, k - kb * WIDTH);
+    for (int64_t j = 0; j < len; ++j) {  // a bfloat16 is the top half of a float32
+      const uint32_t bits = static_cast<uint32_t>(row[j]) << 16;
+      std::memcpy(values + j, &bits, sizeof(float));
+    }
+    return 1.0f;
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_rows", &fp8_rows, "a few float32 rows times an FP8 weight with E8M0 block scales (CPU)");
+  m.def("float_rows", &float_rows, "a few float32 rows times an fp32 or bf16 weight, each row's additions fixed");
   m.def("fp4_rows", &fp4_rows, "a few float32 rows times an MXFP4 weight with E8M0 scales per 32 (CPU)");
 }

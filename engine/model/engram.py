@@ -49,7 +49,12 @@ class Engram(nn.Module):
         # per (token, stream) normalisation over dim, not jointly across the streams
         rstd = torch.rsqrt(hf.square().mean(-1) + self.eps) * torch.rsqrt(key.square().mean(-1) + self.eps)
         dot = (hf * w * key).sum(-1) * rstd * self.dim ** -0.5
-        gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))   # signed sqrt
+        gate = self.gate_of(dot)
         if live is not None:
             gate = gate.masked_fill(~live.unsqueeze(-1), 0)
         return (hf + gate.unsqueeze(-1) * value.unsqueeze(-2)).to(h.dtype), gate
+
+    @staticmethod
+    def gate_of(dot: torch.Tensor) -> torch.Tensor:
+        """The gate of a scaled dot product: sigmoid of its signed square root."""
+        return torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))

@@ -21,6 +21,7 @@ from .fast_attention import FastAttention
 from .fast_block import FastBlock, FastDraftStage
 from .fast_compressor import FastCompressor
 from .fast_draft import FastDraftAttention, FastMarkovHead
+from .fast_engram import FastEngram
 from .fast_gate import FastGate
 from .fast_head import FastTransformer
 from .fast_indexer import FastIndexer
@@ -38,12 +39,12 @@ BACKENDS = ("torch", "triton")
 FAST_CLASSES = {Transformer: FastTransformer, Block: FastBlock, DraftStage: FastDraftStage, RMSNorm: FastRMSNorm,
                 Linear: FastLinear, Attention: FastAttention, DraftAttention: FastDraftAttention,
                 MarkovHead: FastMarkovHead, Compressor: FastCompressor, Indexer: FastIndexer, Gate: FastGate,
-                FP8Linear: FastFP8Linear, FP4Linear: FastFP4Linear}
+                FP8Linear: FastFP8Linear, FP4Linear: FastFP4Linear, Engram: FastEngram}
 # PyTorch class → kernel-backed class (the MoE is a FastMoE by then: the kernels fall back to its paths)
 KERNEL_CLASSES = {Block: KernelBlock, FastBlock: KernelBlock, DraftStage: KernelDraftStage,
                   FastDraftStage: KernelDraftStage, Gate: KernelGate, FastGate: KernelGate, FastMoE: KernelMoE,
-                  Engram: KernelEngram, FP8Linear: KernelFP8Linear, FP4Linear: KernelFP4Linear,
-                  FastFP8Linear: KernelFP8Linear, FastFP4Linear: KernelFP4Linear}
+                  Engram: KernelEngram, FastEngram: KernelEngram, FP8Linear: KernelFP8Linear,
+                  FP4Linear: KernelFP4Linear, FastFP8Linear: KernelFP8Linear, FastFP4Linear: KernelFP4Linear}
 # kernel-backed class → what remove_kernels leaves: the reference, except that the MoE keeps its speed paths
 # (apply_speedups brings the other PyTorch speed paths back)
 UNKERNELED = {KernelBlock: Block, KernelDraftStage: DraftStage, KernelGate: Gate, KernelMoE: FastMoE,

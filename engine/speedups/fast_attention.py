@@ -14,6 +14,7 @@ from .fast_indexer import FastIndexer
 from .fast_linear import FastLinear
 from .fast_quant import fp4_qdq, fp8_qdq, v4_kv_qdq
 from .fast_rope import MAX_ROTATED_POSITIONS, inverse_rotation, rotate, rotation, rotation_at, scaled_rotation
+from .row_invariant import few_rows_linear
 from .window_attention import ring_hidden, window_attention
 
 
@@ -82,7 +83,11 @@ class FastAttention(Attention):
         else:
             wo_a = derived(self).get("wo_a", (w,), lambda: self._by_groups(w))
         by_group = cast(cast(o.reshape(B * S, G, -1).transpose(0, 1), w.dtype), wo_a.dtype)  # [G, B·S, H·D/G]
-        z = cast(torch.bmm(by_group, wo_a), w.dtype)                         # [G, B·S, r]
+        per_group = [few_rows_linear(by_group[g], w_g) for g, w_g in enumerate(w.view(G, self.o_rank, -1))]
+        if all(z is not None for z in per_group):   # a few rows: each alike at any count (row_invariant)
+            z = cast(torch.stack(per_group), w.dtype)                        # [G, B·S, r]
+        else:
+            z = cast(torch.bmm(by_group, wo_a), w.dtype)                     # [G, B·S, r]
         return self.wo_b(z.transpose(0, 1).reshape(B, S, G * self.o_rank))
 
     def _by_groups(self, wo_a: torch.Tensor) -> torch.Tensor:
@@ -95,7 +100,8 @@ class FastAttention(Attention):
         if (type(a) is FastLinear and type(b) is FastLinear and a.act_quant and a.quantized and b.act_quant
                 and b.quantized and a.weight.dtype == b.weight.dtype):
             xq = cast(fp8_qdq(x), a.weight.dtype)
-            return F.linear(xq, a.weight), F.linear(xq, b.weight)
+            return tuple(F.linear(xq, w) if y is None else y                 # a few rows: row_invariant's kernel
+                         for w in (a.weight, b.weight) for y in [few_rows_linear(xq, w)])
         return a(x), b(x)
 
     def _fast_compressed(self, x: torch.Tensor, qr: torch.Tensor, rot: torch.Tensor, ctx: ForwardContext):

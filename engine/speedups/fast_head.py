@@ -9,6 +9,7 @@ from ..model.transformer import Transformer
 from .casts import cast
 from .derived import derived
 from .fast_linear import FastLinear
+from .row_invariant import few_rows_linear
 
 # On the CPU, an fp32 (or float64) head's calls of at most this many rows (decode, a DSpark verify block or draft)
 # read a transposed copy [dim, V], a few rows per matmul: MKL's x @ Wᵀ over the [V, dim] head runs 3-6× slower
@@ -22,7 +23,8 @@ class FastTransformer(Transformer):
     """Transformer.vocab_logits computes the logits in fp32 (the reference keeps its head in fp32); a bf16 model
     would convert its [V, dim] head on every step (at a 129k vocabulary most of a small model's decode step).
     Here the fp32 copy is made once and rebuilt only when the head changes: on a GPU the same logits, bit for bit;
-    on the CPU the copy is transposed (FEW_ROWS), as an fp32 head's few-row calls read theirs."""
+    on the CPU the copy is transposed (FEW_ROWS), as an fp32 head's few-row calls read theirs where the row-invariant
+    kernel (engine.speedups.row_invariant, which reads the head itself) did not build."""
 
     def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.head
@@ -30,6 +32,9 @@ class FastTransformer(Transformer):
         if type(head) not in (Linear, FastLinear) or (torch.is_grad_enabled() and head.weight.requires_grad):
             return super().vocab_logits(x)
         rows = x.numel() // x.size(-1)
+        logits = few_rows_linear(cast(x, out_dtype), head.weight, out_dtype)   # a decode step, a DSpark block
+        if logits is not None:                     # (engine.speedups.row_invariant: rows alike at any count)
+            return logits
         few = rows <= FEW_ROWS and x.device.type == "cpu"
         if head.weight.dtype == out_dtype and not few:
             return super().vocab_logits(x)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ..kernels import cpu_seam
 from .casts import cast
 from .derived import derived
+from .row_invariant import few_rows_linear
 from .sinkhorn import fast_sinkhorn, scalar_sinkhorn
 from .sync_free import sync_free_active
 
@@ -70,7 +71,8 @@ def _few_tokens(block, flat: torch.Tensor, fn, scale, base, site: str, hc: int) 
     same bits); one tensor back holding every pre, then every mix."""
     B, S, width = flat.shape
     norms = torch.linalg.vector_norm(flat, dim=-1).view(-1)                 # [B·S]
-    mixes = F.linear(flat, fn).view(B * S, -1)                               # [B·S, 2hc + hc²], before the RMS factor
+    mixes = few_rows_linear(flat, fn)                   # each token's row alike at any count (row_invariant)
+    mixes = (F.linear(flat, fn) if mixes is None else mixes).view(B * S, -1)   # [B·S, 2hc + hc²], before RMS
     kernel = cpu_seam.load()                                                  # built or loaded on first use
     if kernel is not None:
         s, b = derived(block).get(f"{site}.float64", (scale, base), lambda: (scale.double(), base.double()))

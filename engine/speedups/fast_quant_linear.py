@@ -12,11 +12,8 @@ from ..kernels import cpu_quant_linear
 from ..model.quant import fp8_qdq
 from ..quant.formats import fp4_byte_values
 from ..quant.modules import FP4Linear, FP8Linear
+from .row_invariant import KERNEL_ROWS
 from .sync_free import sync_free_active
-
-# Rows up to which the kernel runs: a decode step (1), a DSpark verify or draft block (block + 1 = 6), a batch of a
-# few of them; each row takes the same arithmetic at any count, so a verify block rounds as decode steps do.
-KERNEL_ROWS = 16
 
 
 @lru_cache(maxsize=1)

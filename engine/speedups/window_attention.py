@@ -7,6 +7,8 @@ import torch
 
 from ..model.norm import upcast
 from .casts import cast
+from .row_invariant import KERNEL_ROWS
+from .sync_free import sync_free_active
 
 
 @functools.lru_cache(maxsize=64)
@@ -47,6 +49,12 @@ def window_attention(q: torch.Tensor, ring: torch.Tensor, hidden: torch.Tensor, 
     differs. → [B, S, H, D] in q's dtype; with return_mass also the head-averaged probability mass on the
     window, the compressed rows and the sink, each [B, S] fp32 (what the trace records of a layer's attention)."""
     B, S, H, D = q.shape
+    if B * S <= KERNEL_ROWS and q.device.type == "cpu" and not sync_free_active():
+        if B * S > 1:   # a DSpark verify block, a batch: each query alone, as a decode step's
+            return _query_by_query(q, ring, hidden, sink, compressed, topk, return_mass)
+        if topk is not None:   # its valid rows in index order, whatever the call's list held besides
+            listed = topk[0, 0]
+            topk = listed[listed >= 0].sort().values.view(1, 1, -1)
     qf = upcast(q)
     keys, hide = upcast(ring), hidden                                         # shared by the call's queries
     per_query = None                                                          # [B, S, K, D] rows, [B, S, 1, K] hidden
@@ -87,3 +95,23 @@ def window_attention(q: torch.Tensor, ring: torch.Tensor, hidden: torch.Tensor, 
         out = out + torch.matmul(p[..., n[0]:n[0] + n[1]], per_query[0])
     out = cast(out, q.dtype)
     return (out, *mass) if return_mass else out
+
+
+def _query_by_query(q, ring, hidden, sink, compressed, topk, return_mass):
+    """window_attention of a few queries (B·S ≤ KERNEL_ROWS on the CPU) one at a time: each then takes a decode
+    step's products, sums and list of compressed rows, so that a verify block's rows round as decode steps do
+    (engine.speedups.row_invariant)."""
+    B, S = q.shape[:2]
+    rows = [[window_attention(q[b:b + 1, s:s + 1], ring[b:b + 1], _part(hidden, b, s), sink,
+                              None if compressed is None else compressed[b:b + 1],
+                              None if topk is None else topk[b:b + 1, s:s + 1], return_mass=return_mass)
+             for s in range(S)] for b in range(B)]
+    if not return_mass:
+        return torch.cat([torch.cat(row, 1) for row in rows], 0)
+    return tuple(torch.cat([torch.cat([part[i] for part in row], 1) for row in rows], 0) for i in range(4))
+
+
+def _part(mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    """Query (b, s)'s part of a mask [B or 1, S or 1, ...] (a size-1 axis is shared by every query)."""
+    mask = mask[b:b + 1] if mask.size(0) > 1 else mask
+    return mask[:, s:s + 1] if mask.size(1) > 1 else mask

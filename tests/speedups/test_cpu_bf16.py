@@ -3,7 +3,8 @@ when the weight changes) in every product on a CPU without bf16 matrix instructi
 with them; larger weights widened to fp32 for products of several rows on a CPU without bf16 matrix instructions;
 all equal to torch's bf16 kernels up to summation order, in the modules that use them too (Linear, the MoE's expert
 stacks, the attention's grouped output projection). Both kinds of CPU are tested on any machine (the probe is
-replaced)."""
+replaced). A few rows normally go through engine.speedups.row_invariant's kernel instead (tests/speedups/
+test_row_invariant.py); here it is off, as where it did not build, so that these products take cpu_bf16's routes."""
 from __future__ import annotations
 
 import pytest
@@ -11,10 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.moe import MoE
-from engine.speedups import cpu_bf16
+from engine.speedups import cpu_bf16, fast_attention, fast_linear
 from engine.speedups.fast_linear import FastLinear
 from engine.speedups.fast_moe import FastMoE
 from tests.speedups.test_speedups_fast import args_of, pair
+
+
+@pytest.fixture(autouse=True)
+def without_row_invariant_kernel(monkeypatch):
+    for module in (fast_linear, fast_attention):
+        monkeypatch.setattr(module, "few_rows_linear", lambda *args, **kwargs: None)
 
 
 def operands(rows: int, seed: int = 0):
