@@ -344,7 +344,7 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
         st.warning(f"No plan for these inputs: {e}")
         return
     (st.success if plan.fits else st.warning)(plan.summary())
-    st.plotly_chart(bars, width="stretch", config={"displayModeBar": False}, key="plan_bars")
+    st.html(bars)
     left, right = st.columns([0.72, 0.28])
     show_table(table, left)
     show_table(devices, right, scroll_height=400)
@@ -378,4 +378,4 @@ def _fits(config_key: str, view_id: int, gpu_mem: float, host_mem: float, batch:
 def _plan(config_key: str, view_id: int, hardware: Hardware, _view: ModelView):
     """The plan, its chart and its two tables for one config and hardware: the same for every session (~0.2 s)."""
     plan = memory_plan(_view.args, hardware)
-    return plan, plan_panels.device_bars_figure(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)
+    return plan, plan_panels.device_bars_html(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)
