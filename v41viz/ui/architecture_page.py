@@ -46,13 +46,18 @@ def modules(config_key: str, view_id: int, _view: ModelView) -> ModuleIndex:
     return build_index(_view.args, _view.graph)
 
 
+def restore_kept() -> None:
+    """Back from another page: the view's widgets get their kept values, before any of them is drawn (the details
+    toggle is drawn above the part that sync_state runs in)."""
+    for widget, held in KEEP.items():
+        if widget not in st.session_state and held in st.session_state:
+            st.session_state[widget] = st.session_state[held]
+
+
 def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewState:
     """Bring node/expansion/open state in line with the URL (first visit), a config change, a diagram click, a
     search, or an open/close control."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
-    for widget, held in KEEP.items():  # back from another page: restore the widgets from the kept values
-        if widget not in st.session_state and held in st.session_state:
-            st.session_state[widget] = st.session_state[held]
     jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
     if jump in index:
         if st.session_state.get(OWNER) != config_key:
