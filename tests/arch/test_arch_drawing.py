@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -73,15 +74,16 @@ def test_engine_source_read_from_files_equals_what_inspect_finds(module_type):
 
 def test_the_memory_plan_chart_stacks_each_gpu_and_groups_equal_ones():
     from engine.plan.memory_plan import Hardware, memory_plan
-    from v41viz.arch.plan_panels import SEGMENTS, device_bars_figure
+    from v41viz.arch.plan_panels import SEGMENTS, device_bars, device_bars_html
     plan = memory_plan(load_config(list_presets()["deepseek-v4.1-flash"]), Hardware(gpus=8, gpu_mem_gib=141))
-    fig = device_bars_figure(plan)
-    bars = [t for t in fig.data if t.type == "bar"]
-    assert all(list(t.y) == ["GPU 0–7"] for t in bars)        # eight equal GPUs share one bar
-    assert {t.name for t in bars} == {s[0] for s in SEGMENTS}
-    assert fig.layout.shapes[0].x0 == 141 and "141 GiB" in fig.layout.annotations[0].text   # the capacity line
-    gib = sum(t.x[0] for t in bars)
+    assert [label for label, _ in device_bars(plan)] == ["GPU 0–7"]       # eight equal GPUs share one bar
+    html = device_bars_html(plan)
+    assert html.count('class="v41-plan-bar"') == 1 and "141 GiB per GPU" in html   # one bar; the capacity line
+    segments = re.findall(r'title="GPU 0–7 · ([^:]+): ([\d,.]+) GiB"', html)
+    assert {name for name, _ in segments} == {s[0] for s in SEGMENTS}
+    gib = sum(float(x.replace(",", "")) for _, x in segments)
     assert abs(gib - plan.gpus[0].need / 2**30) < 0.05, (gib, plan.gpus[0])   # the bar adds up to the need
+    assert "<svg" not in html   # st.html strips SVG (the chart once showed as an empty element)
 
 
 def test_every_boxs_text_stays_inside_its_box_even_when_cut():

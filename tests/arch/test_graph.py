@@ -11,7 +11,7 @@ from v41viz.arch.graph import attach_inventory, build_graph, owner_of
 from v41viz.arch.layout import build_layout
 from v41viz.arch.module_docs import describe
 from v41viz.arch.source import ENGINE_CODE, engine_source
-from v41viz.ui.url_state import ViewState, from_query, sanitize, to_query
+from v41viz.ui.url_state import ViewState, from_query, sanitize, to_query, zoom_text
 
 V41, V4, V4D = "deepseek-v4.1-flash", "deepseek-v4-flash", "deepseek-v4-flash-dspark"
 
@@ -141,6 +141,16 @@ def test_url_state_round_trip_and_sanitize():
     assert from_query({}) == ViewState()
     clean, problems = sanitize(ViewState("x", "layers.99.attn", ("layers.3-7", "bogus")), {"embed"}, {"layers.3-7"})
     assert clean == ViewState("x", "", ("layers.3-7",)) and len(problems) == 2 and "layers.99.attn" in problems[0]
+
+
+def test_the_diagrams_zoom_in_the_url():
+    z = ViewState("tiny-v4.1", "embed", zoom="150,800,1200")
+    assert to_query(z)["zoom"] == "150,800,1200" and from_query(to_query(z)) == z
+    assert zoom_text("149.6,800.4,-3") == "150,800,-3"     # whole numbers; a view may start above the drawing
+    for bad in ("", "huge", "150,800", "150,800,1,2", "0,1,1", "nan,1,1", "inf,1,1", "150,1e9,1", "3000,1,1"):
+        assert zoom_text(bad) is None, bad
+    clean, problems = sanitize(ViewState("x", zoom="huge"), set(), set())
+    assert clean.zoom == "" and "'huge' is not percent,x,y" in problems[0]
 
 
 def test_compare_v4_vs_v41_names_the_differences():

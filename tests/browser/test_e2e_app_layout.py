@@ -59,14 +59,15 @@ def test_accounting_tables_stay_inside_the_page(server, browser, screenshots, vi
 def test_the_memory_plan_draws_its_per_gpu_bars(server, browser, screenshots):
     base, _ = server
     page = _open(browser, base, "/architecture?config=deepseek-v4.1-flash", DESKTOP, "How the plan is made")
-    chart = page.locator(".js-plotly-plot").filter(has_text="GiB per GPU by part")
+    chart = page.locator(".v41-plan-bars").filter(has_text="GiB per GPU by part")
     chart.scroll_into_view_if_needed()
     expect(chart).to_be_visible()
-    bars = chart.locator(".barlayer .point path")
+    bars = chart.locator(".v41-plan-bar > div")
     assert bars.count() >= 4      # routed experts, dense weights, drafter, KV caches, working buffers of GPU 0–7
-    widths = [b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count()))]
-    assert max(widths) > 50, widths
+    boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
+    assert max(b["width"] for b in boxes) > 50 and min(b["height"] for b in boxes) > 10, boxes
     expect(chart.get_by_text("141 GiB per GPU")).to_be_visible()
+    assert page.locator(".js-plotly-plot").count() == 0   # no plotly.js for a fresh browser to load on this view
     page.screenshot(path=str(screenshots / "layout_memory_plan_chart.png"))
     page.close()
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.browser_helpers import WAIT_PAGE, open_architecture
 
-# the diagram's zoom, fit, search, opened steps and export in a browser [28 s at load average 5]
+# the diagram's zoom, fit, search, opened steps and export, what a click sends, in a browser [45 s at load average 4]
 pytestmark = pytest.mark.slow
 
 WAIT_RERUN = 30_000
@@ -139,3 +139,78 @@ def test_the_view_survives_a_rerun_and_a_v4_hash_layer_opens_its_moe(server, bro
     assert zoom(page) == zoomed                       # a click redraws the drawing, the view stays
     shot(page, "v4_hash_moe", screenshots)
     page.close()
+
+
+def test_a_box_click_redraws_only_the_diagram_and_its_details(server, browser):
+    """The diagram and details are a fragment (pages/architecture.py): a click sends the selection's part of the
+    page again, not the header, the accounting and the memory plan (fewer bytes, less server time per click)."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    base, _ = server
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash")
+    frames: list[bytes] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda p: frames.append(p) if isinstance(p, bytes)
+                                          else None))
+    page.reload()   # the listener sees the page's own websocket
+    page.get_by_text("How the plan is made").wait_for(timeout=WAIT_PAGE)
+    page.wait_for_timeout(500)
+    assert any(b"How the plan is made" in f for f in frames)   # the first view sends the whole page
+    frames.clear()
+    target = page.locator("svg.v41-diagram text").filter(has_text="Token embedding").first   # in the first view
+    box = target.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => new URLSearchParams(location.search).get('node') !== 'layers.2.attn'",
+                           timeout=WAIT_RERUN)   # from the default selection to the embedding's
+    node = page.evaluate("() => new URLSearchParams(location.search).get('node')")
+    page.locator(".st-key-details_panel code").filter(has_text=node).first.wait_for(timeout=WAIT_RERUN)
+
+    def finished() -> bool:
+        for f in frames:
+            msg = ForwardMsg()
+            msg.ParseFromString(f)
+            if msg.WhichOneof("type") == "script_finished":
+                return True
+        return False
+    for _ in range(100):
+        if finished():
+            break
+        page.wait_for_timeout(100)
+    assert finished() and frames
+    sent = b"".join(frames)
+    resent = [t for t in (b"Accounting", b"How the plan is made", b"What fits on GPUs") if t in sent]
+    assert not resent, f"a box click sent the rest of the page again: {resent}"
+    page.close()
+
+
+def test_the_zoom_is_in_the_url_survives_another_page_and_a_shared_link_opens_it(server, browser, screenshots):
+    """Issue 45: everything a user set is in the URL, the diagram's zoom too ("percent,x,y": the scale and the view's
+    middle in drawing units; it was kept in the browser's session storage only)."""
+    base, _ = server
+    page = open_architecture(browser, base + "/architecture?config=deepseek-v4.1-flash", height=1300)
+    assert "zoom=" not in page.url                     # the first view is the width fit: nothing to keep
+    for _ in range(3):
+        page.get_by_role("button", name="zoom in").click()
+    zoomed = zoom(page)
+    page.wait_for_function("() => new URLSearchParams(location.search).has('zoom')", timeout=WAIT_RERUN)
+    kept = page.evaluate("() => new URLSearchParams(location.search).get('zoom')")
+    percent, x, y = (int(v) for v in kept.split(","))
+    assert abs(percent - zoomed) <= 1 and x > 0 and y > 0, kept
+    nav = page.locator("[data-testid=stSidebar] [data-testid=stPageLink]")
+    nav.filter(has_text=re.compile(r"Compare$")).click()
+    page.wait_for_function("() => location.pathname.endsWith('/compare')", timeout=WAIT_PAGE)
+    page.wait_for_timeout(1000)
+    nav.filter(has_text=re.compile(r"Architecture$")).click()
+    page.locator(".v41-diagram").first.wait_for(timeout=WAIT_PAGE)
+    page.wait_for_function("z => new URLSearchParams(location.search).get('zoom') === z", arg=kept,
+                           timeout=WAIT_RERUN)   # back from another page: the URL names the same view
+    assert zoom(page) == zoomed
+    page.close()
+    shared = browser.new_context(viewport={"width": 1600, "height": 1300})   # no session storage, a new session
+    page = shared.new_page()
+    page.goto(base + f"/architecture?config=deepseek-v4.1-flash&zoom={kept}")
+    page.locator(".v41-diagram").first.wait_for(timeout=WAIT_PAGE)
+    page.wait_for_function(f"() => parseInt(document.querySelector('.v41-zoom').textContent) === {zoomed}",
+                           timeout=WAIT_RERUN)
+    shot(page, "zoom_from_link", screenshots)
+    page.goto(base + "/architecture?config=deepseek-v4.1-flash&zoom=huge")
+    page.get_by_text("the shared link's zoom 'huge' is not percent,x,y").wait_for(timeout=WAIT_PAGE)
+    shared.close()

@@ -1,8 +1,9 @@
 """The memory plan as tables and a per-device figure (engine.plan.memory_plan), without Streamlit."""
 from __future__ import annotations
 
+from html import escape
+
 import pandas as pd
-import plotly.graph_objects as go
 
 from engine.accounting.accounting import GIB
 from engine.plan.fit import Option
@@ -68,25 +69,39 @@ def device_bars(plan: MemoryPlan) -> list[tuple[str, tuple[int, ...]]]:
     return bars
 
 
-def device_bars_figure(plan: MemoryPlan) -> go.Figure:
-    """Stacked GiB per GPU by segment, with the GPU's memory as a dashed line. A plotly chart, not an inline SVG:
-    st.html strips <svg>, so an SVG drawn there showed as an empty element."""
+def device_bars_html(plan: MemoryPlan) -> str:
+    """Stacked GiB per GPU by segment, with the GPU's memory as a dashed line, as plain HTML boxes (st.html keeps
+    them; it strips <svg>). Not a plotly chart: the first one on a page makes a fresh browser load and parse
+    plotly.js (~4.6 MB), which held back the diagram above it by 3 s; these boxes cost nothing to draw."""
     bars = device_bars(plan)
-    labels = [label for label, _ in bars][::-1]    # GPU 0 on top
-    fig = go.Figure()
-    for i, (name, _, colour) in enumerate(SEGMENTS):
-        gib = [load[i] / GIB for _, load in bars][::-1]
-        if any(gib):
-            fig.add_bar(y=labels, x=gib, name=name, orientation="h", marker_color=colour,
-                        hovertemplate=f"%{{y}} · {name}: %{{x:.2f}} GiB<extra></extra>")
     capacity = plan.hardware.gpu_mem_gib
-    fig.add_vline(x=capacity, line=dict(color="#b91c1c", dash="dash", width=1.5),
-                  annotation=dict(text=f"{capacity:g} GiB per GPU", font=dict(color="#b91c1c", size=11)),
-                  annotation_position="top")
     top = max(capacity, max(sum(load) for _, load in bars) / GIB) * 1.08
-    fig.update_layout(barmode="stack", height=150 + 30 * len(bars), margin=dict(l=10, r=10, t=64, b=10),
-                      xaxis=dict(title="GiB", range=[0, top]), yaxis=dict(type="category", automargin=True),
-                      legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", traceorder="normal"),
-                      title=dict(text="GiB per GPU by part", font=dict(size=13), x=0.01, y=0.985, yanchor="top",
-                                 yref="container"))
-    return fig
+
+    def pct(gib: float) -> str:   # a position along the GiB axis
+        return f"{100 * gib / top:.3f}%"
+
+    used = [i for i in range(len(SEGMENTS)) if any(load[i] for _, load in bars)]
+    legend = "".join(f'<span style="margin-right:1em;white-space:nowrap"><span style="display:inline-block;'
+                     f'width:.8em;height:.8em;background:{SEGMENTS[i][2]};margin-right:.3em"></span>'
+                     f'{escape(SEGMENTS[i][0])}</span>' for i in used)
+    rows = []
+    for label, load in bars:
+        parts = "".join(f'<div title="{escape(label)} · {escape(SEGMENTS[i][0])}: {load[i] / GIB:,.2f} GiB" '
+                        f'style="width:{pct(load[i] / GIB)};background:{SEGMENTS[i][2]}"></div>'
+                        for i in used if load[i])
+        total = sum(load) / GIB
+        rows.append(f'<div class="v41-plan-row" style="display:flex;align-items:center;gap:.5em;margin:.25em 0">'
+                    f'<div style="flex:0 0 6.5em;text-align:right;font-size:.85em">{escape(label)}</div>'
+                    f'<div style="flex:1;position:relative;height:1.4em;background:#f3f4f6">'
+                    f'<div class="v41-plan-bar" role="img" aria-label="{escape(label)}: {total:,.2f} GiB" '
+                    f'style="display:flex;height:100%">{parts}</div>'
+                    f'<div style="position:absolute;top:-.2em;bottom:-.2em;left:{pct(capacity)};'
+                    f'border-left:1.5px dashed #b91c1c"></div></div>'
+                    f'<div style="flex:0 0 6em;font-size:.85em">{total:,.1f} GiB</div></div>')
+    marker = (f'<div style="display:flex;gap:.5em"><div style="flex:0 0 6.5em"></div><div style="flex:1;'
+              f'position:relative;height:1.3em"><span style="position:absolute;left:{pct(capacity)};'
+              f'transform:translateX(-50%);white-space:nowrap;color:#b91c1c;font-size:.8em">{capacity:g} GiB per GPU'
+              f'</span></div><div style="flex:0 0 6em"></div></div>')
+    return (f'<div class="v41-plan-bars" style="margin:.5em 0 1em">'
+            f'<div style="font-weight:600;font-size:.9em">GiB per GPU by part</div>'
+            f'<div style="font-size:.8em;margin:.2em 0 .3em">{legend}</div>{marker}{"".join(rows)}</div>')

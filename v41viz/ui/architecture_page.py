@@ -21,14 +21,14 @@ from ..arch.substep_docs import describe_step
 from ..arch.substeps import OPENABLE
 from . import arch_inputs, kept
 from .diagram_component import diagram as draw_diagram
-from .diagram_component import picked, toggled
+from .diagram_component import picked, toggled, viewed
 from .overlay_controls import LiveOverlay, paint
 from .page_links import ARCH_JUMP
 from .plain_text import literal, preformatted
 from .sidebar import config_label
 from .start_page import terms_line
 from .static_table import show_table
-from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query
+from .url_state import UPLOAD_PREFIX, ViewState, from_query, sanitize, to_query, zoom_text
 
 NODE, EXPAND, OWNER, PICK = "arch_node", "arch_expand", "arch_state_config", "arch_pick"
 OPEN, TOGGLE = "arch_open", "arch_toggle"          # opened boxes ('attn', 'ffn'); a clicked open/close control
@@ -36,6 +36,7 @@ SEARCH, FOUND, HIT = "arch_search", "arch_found", "arch_hit"   # the search box;
 CENTRE, LAST = "arch_centre", "arch_last_node"     # the drawing centres on the node when the counter moves
 PLAN_CONTEXT, PLAN_CONTEXT_OWNER = "plan_context", "plan_context_config"   # the plan's context, and for whom
 BESIDE = "arch_beside"                             # the details panel beside the diagram instead of below
+ZOOM = "arch_zoom"                                 # {config key: the diagram's view, "percent,x,y"}: the URL's zoom
 # Widget keys are dropped when the user visits another page; these plain keys keep the view meanwhile.
 KEEP = {NODE: "arch_node_kept", EXPAND: "arch_expand_kept", BESIDE: "arch_beside_kept"}
 
@@ -46,13 +47,18 @@ def modules(config_key: str, view_id: int, _view: ModelView) -> ModuleIndex:
     return build_index(_view.args, _view.graph)
 
 
+def restore_kept() -> None:
+    """Back from another page: the view's widgets get their kept values, before any of them is drawn (the details
+    toggle is drawn above the part that sync_state runs in)."""
+    for widget, held in KEEP.items():
+        if widget not in st.session_state and held in st.session_state:
+            st.session_state[widget] = st.session_state[held]
+
+
 def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewState:
     """Bring node/expansion/open state in line with the URL (first visit), a config change, a diagram click, a
     search, or an open/close control."""
     g, ids = view.graph, [gr.id for gr in view.foldable]
-    for widget, held in KEEP.items():  # back from another page: restore the widgets from the kept values
-        if widget not in st.session_state and held in st.session_state:
-            st.session_state[widget] = st.session_state[held]
     jump = st.session_state.pop(ARCH_JUMP, None)  # a link back from an Inspect panel
     if jump in index:
         if st.session_state.get(OWNER) != config_key:
@@ -64,10 +70,13 @@ def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewStat
         wanted = url if first_visit and url.config == config_key else ViewState(config_key)
         clean, problems = sanitize(wanted, index, ids)
         st.session_state[NODE] = clean.node or f"layers.{view.default_focus()}.attn"
-        st.session_state[LAST] = "" if clean.node else st.session_state[NODE]   # a linked node is centred
+        # a linked node is centred, unless the link names the view too (its zoom)
+        st.session_state[LAST] = "" if clean.node and not clean.zoom else st.session_state[NODE]
         st.session_state[EXPAND] = list(clean.expand)
         st.session_state[OPEN] = list(clean.open)
         st.session_state[OWNER] = config_key
+        if clean.zoom:
+            st.session_state.setdefault(ZOOM, {})[config_key] = clean.zoom
         for p in problems:
             st.warning(p)
     clicked = st.session_state.pop(PICK, None)
@@ -91,7 +100,7 @@ def sync_state(config_key: str, view: ModelView, index: ModuleIndex) -> ViewStat
     st.session_state[KEEP[NODE]], st.session_state[KEEP[EXPAND]] = node, list(st.session_state[EXPAND])
     st.session_state[KEEP[BESIDE]] = bool(st.session_state.get(BESIDE, False))
     return ViewState(config_key, node, tuple(sorted(st.session_state[EXPAND])),
-                     tuple(sorted(st.session_state.get(OPEN, []))))
+                     tuple(sorted(st.session_state.get(OPEN, []))), st.session_state.get(ZOOM, {}).get(config_key, ""))
 
 
 def _set_open(which: str, opened: bool) -> None:
@@ -233,7 +242,8 @@ def diagram(config_key: str, view: ModelView, index: ModuleIndex, state: ViewSta
     if live is not None:
         html = paint(html, live)
     draw_diagram(html, key=key, on_pick=partial(_on_pick, key), on_toggle=partial(_on_toggle, key),
-                 centre=(state.node, st.session_state.get(CENTRE, 0)))
+                 centre=(state.node, st.session_state.get(CENTRE, 0)), zoom=state.zoom,
+                 on_view=partial(_on_view, key, config_key))
 
 
 def _role(view: ModelView, index: ModuleIndex, node: str):
@@ -255,6 +265,12 @@ def _on_pick(key: str) -> None:
 
 def _on_toggle(key: str) -> None:
     st.session_state[TOGGLE] = toggled(key)
+
+
+def _on_view(key: str, config_key: str) -> None:
+    """The user zoomed or panned the drawing (reported once it rests): the URL's zoom follows."""
+    if (text := zoom_text(viewed(key))) is not None:
+        st.session_state.setdefault(ZOOM, {})[config_key] = text
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)
@@ -344,7 +360,7 @@ def memory_plan_section(config_key: str, view: ModelView) -> None:
         st.warning(f"No plan for these inputs: {e}")
         return
     (st.success if plan.fits else st.warning)(plan.summary())
-    st.plotly_chart(bars, width="stretch", config={"displayModeBar": False}, key="plan_bars")
+    st.html(bars)
     left, right = st.columns([0.72, 0.28])
     show_table(table, left)
     show_table(devices, right, scroll_height=400)
@@ -378,4 +394,4 @@ def _fits(config_key: str, view_id: int, gpu_mem: float, host_mem: float, batch:
 def _plan(config_key: str, view_id: int, hardware: Hardware, _view: ModelView):
     """The plan, its chart and its two tables for one config and hardware: the same for every session (~0.2 s)."""
     plan = memory_plan(_view.args, hardware)
-    return plan, plan_panels.device_bars_figure(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)
+    return plan, plan_panels.device_bars_html(plan), plan_panels.placement_table(plan), plan_panels.device_table(plan)

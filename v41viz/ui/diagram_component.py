@@ -2,7 +2,9 @@
 zoom (Ctrl + wheel, buttons, keys), pan (drag, wheel, arrow keys) and fit, tooltips, export to SVG and PNG, and sends
 back the node of a clicked (or Enter-pressed) box and the open / close controls of attention and MoE boxes. A few
 lines of script instead of plotly.js, so a fresh browser shows the diagram at once and a click redraws it at once.
-The view (zoom and position) survives reruns and page visits (sessionStorage, per model)."""
+The view (zoom and position) is reported to the server once it rests ("percent,x,y", the state value `view`), which
+keeps it per model and in the URL (`zoom`), and hands it back when the page is drawn anew (a shared link, a return
+from another page)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,6 +16,7 @@ const NS = 'http://www.w3.org/2000/svg';
 const MAX_SCALE = 1.25;            // the width fit never enlarges the drawing more than this
 const SMALL = 0.8;                 // below this scale (screen px per design px) the shape labels hide
 const READABLE = 0.85;             // a phone opens the drawing at this scale at least (the width fit was 51%)
+const REPORT_MS = 600;             // a zoom or pan is reported once the view has rested this long
 const TOUCH = window.matchMedia && window.matchMedia('(pointer: coarse)').matches;
 
 function svgOf(root) { return root.querySelector('svg.v41-diagram'); }
@@ -38,13 +41,29 @@ function clamp(svg, v) {           // keep the drawing in view: centred along an
   v.y = h >= fh ? (fh - h) / 2 : Math.min(Math.max(v.y, 0), fh - h);
   return v;
 }
-function apply(root) {
+function apply(root, report = true) {   // report: a change the user made, sent to the server once it rests
   const svg = svgOf(root), v = clamp(svg, root.view), { W, H } = size(svg);
   svg.setAttribute('viewBox', `${v.x.toFixed(1)} ${v.y.toFixed(1)} ${v.w.toFixed(1)} ${(v.w * H / W).toFixed(1)}`);
   const scale = W / v.w;
   root.querySelector('.v41-zoom').textContent = Math.round(scale * 100) + '%';
   root.classList.toggle('v41-small', scale < SMALL);
-  try { sessionStorage.setItem('v41viz.view.' + svg.dataset.name, JSON.stringify(v)); } catch (e) {}
+  if (report) {
+    clearTimeout(root.reportTimer);
+    root.reportTimer = setTimeout(() => {
+      const text = zoomText(root);
+      if (text !== root.reported && root.keepView) { root.reported = text; root.setState('view', text); }
+    }, REPORT_MS);
+  }
+}
+function zoomText(root) {          // "percent,x,y": the scale, and the view's middle in drawing units
+  const svg = svgOf(root), v = root.view, { W, H } = size(svg);
+  return [Math.round(W / v.w * 100), Math.round(v.x + v.w / 2), Math.round(v.y + v.w * H / W / 2)].join(',');
+}
+function fromZoom(svg, text) {     // the view a "percent,x,y" names on this screen, or null
+  const p = String(text || '').split(',').map(Number), { W, H } = size(svg);
+  if (p.length !== 3 || !p.every(Number.isFinite) || p[0] <= 0) return null;
+  const w = W / (p[0] / 100);
+  return { x: p[1] - w / 2, y: p[2] - w * H / W / 2, w };
 }
 function setHeight(root) {         // as tall as the width fit needs, within 320 px .. 80% of the window
   const svg = svgOf(root), { w: fw, h: fh } = full(svg), W = svg.clientWidth || fw;
@@ -131,10 +150,9 @@ function show(root, data) {
   root.drawn = data.html;
   const svg = svgOf(root);
   setHeight(root);
-  if (!root.view || oldName !== svg.dataset.name) {
-    let kept = null;
-    try { kept = JSON.parse(sessionStorage.getItem('v41viz.view.' + svg.dataset.name)); } catch (e) {}
-    root.view = kept && kept.w > 0 ? kept : firstView(svg);
+  if (!root.view || oldName !== svg.dataset.name) {   // a new drawing: the server's view of it, else the first one
+    root.view = fromZoom(svg, data.zoom) || firstView(svg);
+    root.reported = data.zoom || '';
   } else if (oldW && Math.abs(full(svg).w - oldW) > 1 && root.view.w < full(svg).w) {
     // a box opened or closed changed the drawing's width: fit the new width (an opened box ran off the right
     // edge, most in the narrower "details beside" column); a later centring moves to the selected box
@@ -142,7 +160,7 @@ function show(root, data) {
     root.view = widthView(svg);
     root.view.y = y;
   }
-  apply(root);
+  apply(root, false);
 }
 function build(parentElement) {
   const root = document.createElement('div');
@@ -264,13 +282,15 @@ function build(parentElement) {
   drawing.addEventListener('pointerup', release);
   drawing.addEventListener('pointercancel', release);
   drawing.addEventListener('pointerleave', () => { tip.style.display = 'none'; });
-  new ResizeObserver(() => { if (svgOf(root)) { setHeight(root); apply(root); } }).observe(drawing);
+  new ResizeObserver(() => { if (svgOf(root)) { setHeight(root); apply(root, false); } }).observe(drawing);
   return root;
 }
 
-export default function ({ data, parentElement, setTriggerValue }) {
+export default function ({ data, parentElement, setTriggerValue, setStateValue }) {
   const root = parentElement.querySelector('.v41-root') || build(parentElement);
   root.trigger = setTriggerValue;
+  root.setState = setStateValue;
+  root.keepView = !!data.keep_view;   // the page keeps the view (Architecture; not Compare's run diff)
   if (root.drawn !== data.html) show(root, data);
   if (data.centre && data.centre[1] && data.centre[1] !== root.centred) {
     root.centred = data.centre[1];
@@ -319,12 +339,15 @@ _component = st.components.v2.component("v41viz.diagram", js=JS, css=CSS, isolat
 
 
 def diagram(html: str, key: str, on_pick: Callable[[], None], on_toggle: Callable[[], None],
-            centre: tuple[str, int] = ("", 0)) -> None:
+            centre: tuple[str, int] = ("", 0), zoom: str = "", on_view: Callable[[], None] | None = None) -> None:
     """Draw the diagram (legend + SVG from v41viz.arch.diagram). on_pick / on_toggle run before the rerun a click on
     a box / on an open-close control starts; picked(key) / toggled(key) read what was clicked. centre: (node, n) —
-    the view centres on node whenever n changes (a search, a selection made outside the drawing)."""
-    _component(key=key, data={"html": html, "centre": list(centre)}, on_pick_change=on_pick,
-               on_toggle_change=on_toggle)
+    the view centres on node whenever n changes (a search, a selection made outside the drawing). zoom: the view a
+    new drawing opens at ("percent,x,y"; "" = the width fit); on_view runs when the user's zoom or pan has rested,
+    and viewed(key) reads it."""
+    keeps = {"on_view_change": on_view} if on_view is not None else {}   # else a zoom reruns nothing
+    _component(key=key, data={"html": html, "centre": list(centre), "zoom": zoom, "keep_view": on_view is not None},
+               on_pick_change=on_pick, on_toggle_change=on_toggle, **keeps)
 
 
 def picked(key: str) -> str | None:
@@ -337,3 +360,9 @@ def toggled(key: str) -> str | None:
     """'attn' or 'ffn': the box whose open / close control was just clicked (None outside its callback)."""
     value = st.session_state.get(key)
     return value.get("toggle") if hasattr(value, "get") else None
+
+
+def viewed(key: str) -> str | None:
+    """The view ("percent,x,y") the diagram under `key` last reported."""
+    value = st.session_state.get(key)
+    return value.get("view") if hasattr(value, "get") else None

@@ -1,10 +1,13 @@
 """Widget values that outlive a visit to another page. Streamlit drops the state of every widget the current page
 does not draw, so each value is also copied into one plain session dict (KEPT) and put back before the widget is
 drawn again. The copy is made at the start of every page's run (page_setup), which also catches an edit the user
-made just before leaving (a typed prompt committed by the click on another page's link)."""
+made just before leaving (a typed prompt committed by the click on another page's link), and takes the values of an
+edit whose commit reached the server only after the page changed (stale_fragment)."""
 from __future__ import annotations
 
 import streamlit as st
+
+from . import stale_fragment
 
 KEPT = "kept_widgets"
 _tracked: set[str] = set()    # widget keys ever restored through this module (the same for every session)
@@ -23,11 +26,13 @@ def restore(defaults: dict[str, object], pending: dict[str, object] | None = Non
 
 
 def remember() -> None:
-    """Copy every tracked widget value the session holds (called first on every page and after forms are drawn)."""
+    """Copy every tracked widget value the session holds (called first on every page and after forms are drawn),
+    then the tracked values of edits committed after their page was left (newer than any value held)."""
     kept = st.session_state.setdefault(KEPT, {})
     for key in _tracked:
         if key in st.session_state:
             kept[key] = st.session_state[key]
+    kept.update({k: v for k, v in stale_fragment.take_late_edits().items() if k in _tracked})
 
 
 def keep(key: str) -> None:

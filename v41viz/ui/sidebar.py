@@ -11,7 +11,7 @@ from engine.spec.limits import CONFIG_MAX_BYTES
 from engine.spec.presets import list_presets
 
 from ..arch.model_view import ModelView, build_view
-from . import kept, page_style
+from . import kept, page_style, stale_fragment
 from .plain_text import literal, short_name
 from .url_state import DEFAULT_CONFIG, UPLOAD_PREFIX
 
@@ -50,6 +50,8 @@ def page_setup(title: str, config_picker: bool = True) -> None:
     picker, so the sidebar shows only what that page uses; the chosen config stays in the session for the other
     pages."""
     st.set_page_config(page_title=f"{title} · v41viz", page_icon="🧭", layout="wide")
+    stale_fragment.install()   # a text box's commit that arrives after a link click no longer blanks the new page
+    stale_fragment.page_shown()
     kept.remember()   # the last page's widget values, before Streamlit drops those this page does not draw
     page_style.page_css()
     page_style.navigation()
