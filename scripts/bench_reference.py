@@ -1,7 +1,7 @@
 """The engine against DeepSeek's reference implementation of V4.1, on the same weights, side by side.
 
     .venv/bin/python scripts/bench_reference.py --reference DIR [--configs tiny-v4.1,default-small] [--threads 1]
-        [--runs 5] [--prompts 64,512] [--decode-steps 16] [--dtypes float32,bfloat16]
+        [--runs 5] [--prompts 64,512] [--decode-steps 16] [--prefills 3] [--dtypes float32,bfloat16]
         [--results docs/results/reference.json]
 
 DIR is a folder holding DeepSeek's V4.1 reference inference code as a package (model.py with package-relative
@@ -14,11 +14,14 @@ stored as the official layout stores it (BF16 / F32 tensors; the Engram tables F
 channels, the only form the reference's Engram takes), loads into the reference (its parameter names are the
 official ones) and into the engine (the tables dequantized), so both hold the same values. The reference runs in
 bf16, its only dtype on a CPU (its act_quant / sparse_attn ports take bf16 input only); the engine runs in each of
---dtypes. First both must agree: each prompt's last-position logits close, and the same greedy tokens for
---check-steps steps; otherwise nothing is timed and the script exits with 1. Then, --runs times, every side runs
-each prefill (one forward of the whole prompt, greedy pick included) and --decode-steps eager decode steps after
-the first prompt, the sides' order rotating per run: tokens/s medians and ranges, and the engine / reference ratio of
-the medians with the range of the per-run ratios.
+--dtypes. First both must agree, on the same weights with every compressed row kept (index_topk and
+candidate_topk_blocks raised): each prompt's last-position logits close and the same greedy tokens for
+--check-steps steps; otherwise nothing is timed and the script exits with 1. The configs' own top-k is checked
+too, for the record (the share of indexer picks both make; near-tied picks may part). Then, --runs times, the sides
+take turns call by call (the order rotating per run): --prefills prefills of each prompt (one forward of the whole
+prompt, greedy pick included; the run's median) and --decode-steps eager decode steps after the first prompt (the
+run's median step). Reported: each side's tokens/s, median and range over runs, and the engine / reference ratio as
+the median of the per-run ratios, with their range.
 """
 from __future__ import annotations
 
@@ -307,31 +310,35 @@ def timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def measure(sides: list, prompts: dict, runs: int, decode_steps: int) -> dict:
-    """{(side index, phase): [tokens/s per run]}: phase "prefill N" (one forward of the N-token prompt) or "decode"
-    (median step of decode_steps greedy steps after the shortest prompt). The sides take turns, in an order that
-    rotates run by run, so a busy machine slows them alike."""
-    import torch
+def measure(sides: list, prompts: dict, runs: int, decode_steps: int, prefills: int) -> dict:
+    """{(side index, phase): [tokens/s per run]}: phase "prefill N" (the median of `prefills` forwards of the
+    N-token prompt) or "decode" (the median of decode_steps greedy steps after the shortest prompt). The sides take
+    turns call by call, in an order that rotates run by run, so a busy machine slows them alike."""
     rates: dict = {}
     first = min(prompts)
     for run in range(runs):
         order = [sides[(run + k) % len(sides)] for k in range(len(sides))]
         for length, tokens in prompts.items():
+            seconds = {side: [] for side in order}
+            for _ in range(prefills):
+                for side in order:
+                    if side.name == "engine":
+                        side.new_cache(length + decode_steps)
+                    seconds[side].append(timed(side.prefill, tokens)[0])
             for side in order:
-                if side.name == "engine":
-                    side.new_cache(length + decode_steps)
-                seconds, _ = timed(side.prefill, tokens)
-                rates.setdefault((sides.index(side), f"prefill {length}"), []).append(length / seconds)
+                rates.setdefault((sides.index(side), f"prefill {length}"), []).append(
+                    length / statistics.median(seconds[side]))
+        ids, seconds = {}, {side: [] for side in order}
         for side in order:
             if side.name == "engine":
                 side.new_cache(first + decode_steps)
-            ids, _ = side.prefill(prompts[first])
-            step_s = []
-            for _ in range(decode_steps):
-                seconds, (ids, _) = timed(side.step, ids)
-                step_s.append(seconds)
-            rates.setdefault((sides.index(side), "decode"), []).append(1 / statistics.median(step_s))
-    del torch
+            ids[side] = side.prefill(prompts[first])[0]
+        for _ in range(decode_steps):
+            for side in order:
+                dt, (ids[side], _) = timed(side.step, ids[side])
+                seconds[side].append(dt)
+        for side in order:
+            rates.setdefault((sides.index(side), "decode"), []).append(1 / statistics.median(seconds[side]))
     return rates
 
 
@@ -365,7 +372,7 @@ def one_config(a) -> dict:
             return {"agreement": checks, "rows": [], "refused": True, "notes": reference.notes}
     with torch.inference_mode():
         sides = [reference, *engines]
-        rates = measure(sides, prompts, a.runs, a.decode_steps)
+        rates = measure(sides, prompts, a.runs, a.decode_steps, a.prefills)
     rows = []
     for k, engine in enumerate(engines, start=1):
         for phase in [f"prefill {n}" for n in prompts] + ["decode"]:
@@ -374,7 +381,7 @@ def one_config(a) -> dict:
             rows.append({"config": a.one, "phase": phase, "threads": a.threads, "runs": a.runs,
                          "engine_dtype": engine.dtype, "reference_dtype": reference.dtype,
                          "engine_tokens_per_s": spread(mine), "reference_tokens_per_s": spread(theirs),
-                         "ratio": statistics.median(mine) / statistics.median(theirs),
+                         "ratio": statistics.median(pair),
                          "pair_ratio_min": min(pair), "pair_ratio_max": max(pair)})
     return {"agreement": checks, "rows": rows, "refused": False, "notes": reference.notes}
 
@@ -398,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--prompts", default="64,512")
     p.add_argument("--decode-steps", type=int, default=16)
+    p.add_argument("--prefills", type=int, default=3, help="prefills of each prompt per side and run (median)")
     p.add_argument("--check-steps", type=int, default=8, help="greedy steps both sides must agree on")
     p.add_argument("--dtypes", default="float32,bfloat16", help="the engine's dtypes (the reference runs bf16)")
     p.add_argument("--seed", type=int, default=0)
@@ -412,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     recorder = ResultsRecorder(a.results, "reference", "scripts/bench_reference.py", argv)
     rows, checks, refused, extra = [], [], [], []
     passed = ["--reference", str(a.reference), "--threads", str(a.threads), "--runs", str(a.runs), "--prompts",
-              a.prompts, "--decode-steps", str(a.decode_steps), "--check-steps", str(a.check_steps), "--dtypes",
-              a.dtypes, "--seed", str(a.seed)]
+              a.prompts, "--decode-steps", str(a.decode_steps), "--prefills", str(a.prefills), "--check-steps",
+              str(a.check_steps), "--dtypes", a.dtypes, "--seed", str(a.seed)]
     for config in a.configs.split(","):
         env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
         run = subprocess.run([sys.executable, __file__, "--one", config, *passed], capture_output=True, text=True,
@@ -450,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
              f"the picks of near-tied rows may differ (the reference's topk(sorted=False) breaks ties as the CPU "
              f"kernel does, the engine to the lower index), which the agreement table counts",
              *sorted(set(extra))]
-    recorder.write(rows, a.threads, settings={"configs": a.configs, "prompts": a.prompts, "runs": a.runs,
-                                              "decode_steps": a.decode_steps, "dtypes": a.dtypes, "seed": a.seed},
+    settings = {"configs": a.configs, "prompts": a.prompts, "runs": a.runs, "decode_steps": a.decode_steps,
+                "prefills": a.prefills, "dtypes": a.dtypes, "seed": a.seed}
+    recorder.write(rows, a.threads, settings=settings,
                    tables={"agreement": checks}, notes=notes)
     return 0
 

@@ -275,7 +275,7 @@ def reference(r: dict, view: str) -> list[str]:
                         for c in r["tables"]["agreement"]]),
                 "", *(f"{note[0].upper()}{note[1:]}." for note in r["notes"])]
     return table(["config", "phase", "engine dtype", "engine tokens/s", "reference (bf16) tokens/s",
-                  "engine / reference", "per-run ratios"],
+                  "engine / reference (median run)", "per-run ratios"],
                  [[row["config"], row["phase"], row["engine_dtype"], spread(row["engine_tokens_per_s"]),
                    spread(row["reference_tokens_per_s"]), f"×{row['ratio']:.2f}",
                    f"[×{row['pair_ratio_min']:.2f}–×{row['pair_ratio_max']:.2f}]"] for row in r["rows"]])
