@@ -46,6 +46,7 @@ REFERENCE_DTYPE = "bfloat16"
 # max |Δ logit| / max |reference logit| when every compressed row is kept: bf16 like for like; the engine's fp32
 # run also differs by the reference's bf16 roundings, which flip a near-tied expert choice now and then
 LOGIT_TOLERANCE = {"bfloat16": 0.03, "float32": 0.10}
+SHIPPED_FP4_BLOCK: dict[str, int] = {}      # the reference module's fp4_block_size as imported
 
 
 def import_reference(folder: Path):
@@ -190,7 +191,7 @@ def fit_engram_blocks(model, block: int) -> list[str]:
     a narrower head (tiny-v4.1's 8) gets one scale per row, the form the official writer stores (ENGRAM_BLOCK
     covering the partial block): the table's own block_size attribute, read by its forward, set to head_dim."""
     import torch
-    notes = []
+    fitted = []
     for name, module in model.named_modules():
         if type(module).__name__ != "ParallelEngramEmbedding" or module.dim % block == 0:
             continue
@@ -199,8 +200,12 @@ def fit_engram_blocks(model, block: int) -> list[str]:
         module.block_size = module.dim
         module.scale = torch.nn.Parameter(torch.empty(module.part_num_embeddings, 1, dtype=module.scale.dtype),
                                           requires_grad=False)
-        notes.append(name)
-    return notes
+        fitted.append((name, module.dim))
+    if not fitted:
+        return []
+    return [f"its Engram head_dim of {fitted[0][1]} is below the reference's FP8 block of {block}: the tables "
+            f"({', '.join(name for name, _ in fitted)}) keep one E8M0 scale per row, their block_size set to "
+            f"{fitted[0][1]}, as the official writer stores them"]
 
 
 def fit_index_blocks(ref, args) -> list[str]:
@@ -208,13 +213,15 @@ def fit_index_blocks(ref, args) -> list[str]:
     width divides; a narrower index head (tiny-v4.1's 16) is one block, as the engine's zero-padded partial block
     makes it: the module's fp4_block_size set to index_head_dim (no FP4 weights use it: the tiny configs store
     bf16 experts)."""
-    if args.index_head_dim % ref.fp4_block_size == 0:
+    block = SHIPPED_FP4_BLOCK.setdefault("fp4_block_size", ref.fp4_block_size)    # before any change here
+    if args.index_head_dim % block == 0:
         return []
-    if args.index_head_dim > ref.fp4_block_size or args.expert_dtype == "fp4":
-        raise SystemExit(f"index_head_dim {args.index_head_dim} does not fit the reference's FP4 blocks of "
-                         f"{ref.fp4_block_size}")
+    if args.index_head_dim > block or args.expert_dtype == "fp4":
+        raise SystemExit(f"index_head_dim {args.index_head_dim} does not fit the reference's FP4 blocks of {block}")
     ref.fp4_block_size = args.index_head_dim
-    return [f"fp4_block_size={args.index_head_dim}"]
+    return [f"its index_head_dim of {args.index_head_dim} is below the reference's FP4 block of {block}: the "
+            f"reference's fp4_block_size set to {args.index_head_dim} (one block per index query and key, as the "
+            f"engine's zero-padded partial block makes it)"]
 
 
 class EngineSide:

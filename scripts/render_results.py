@@ -267,7 +267,7 @@ def reference(r: dict, view: str) -> list[str]:
     """scripts/bench_reference.py: the engine against DeepSeek's V4.1 reference on the same weights, tokens/s of
     each side and their ratio (engine / reference); view `agreement`: the check that came before the timing."""
     if view == "agreement":
-        return [*table(["config", "selection", "engine dtype", "prompt", "max |Δ logit| (of the largest)",
+        return [*table(["config", "selection", "engine dtype", "prompt", "max Δ logit (of the largest)",
                         "same indexer picks", "same greedy tokens"],
                        [[c["config"], c["selection"], c["engine_dtype"], c["prompt"],
                          f"{c['max_logit_diff']:.3f} ({100 * c['relative_logit_diff']:.1f} %)",
