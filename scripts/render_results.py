@@ -278,6 +278,24 @@ def verify_rows(r: dict, view: str) -> list[str]:
                    "yes" if row["same_token"] else "**no**"] for row in rows])
 
 
+def reference(r: dict, view: str) -> list[str]:
+    """scripts/bench_reference.py: the engine against DeepSeek's V4.1 reference on the same weights, tokens/s of
+    each side and their ratio (engine / reference); view `agreement`: the check that came before the timing."""
+    if view == "agreement":
+        return [*table(["config", "selection", "engine dtype", "prompt", "max Δ logit (of the largest)",
+                        "same indexer picks", "same greedy tokens"],
+                       [[c["config"], c["selection"], c["engine_dtype"], c["prompt"],
+                         f"{c['max_logit_diff']:.3f} ({100 * c['relative_logit_diff']:.1f} %)",
+                         f"{100 * c['same_picks']:.0f} %", "yes" if c["same_tokens"] else "no"]
+                        for c in r["tables"]["agreement"]]),
+                "", *(f"{note[0].upper()}{note[1:]}." for note in r["notes"])]
+    return table(["config", "phase", "engine dtype", "engine tokens/s", "reference (bf16) tokens/s",
+                  "engine / reference (median run)", "per-run ratios"],
+                 [[row["config"], row["phase"], row["engine_dtype"], spread(row["engine_tokens_per_s"]),
+                   spread(row["reference_tokens_per_s"]), f"×{row['ratio']:.2f}",
+                   f"[×{row['pair_ratio_min']:.2f}–×{row['pair_ratio_max']:.2f}]"] for row in r["rows"]])
+
+
 def card(c: dict) -> list[str]:
     """The shipped model's held-out figures from its card.json, and the line naming where the card measured them."""
     h, m = c["heldout"], c["measured"]
@@ -294,7 +312,7 @@ RENDERERS = {"engine_bench": engine_bench, "revision": revision, "dspark": dspar
              "first_view": first_view, "cpu_bf16": cpu_bf16, "decoding_sweep": decoding_sweep,
              "vocab_sizes": vocab_sizes, "decode_ops": decode_ops, "parallel": parallel, "plan": plan,
              "rehearsal": rehearsal, "weights": weights, "long_prompt": long_prompt,
-             "verify_rows": verify_rows}
+             "verify_rows": verify_rows, "reference": reference}
 
 
 def render(name: str, results_dir: Path = RESULTS) -> str:

@@ -16,7 +16,7 @@ from .linear import Linear
 from .norm import RMSNorm, rms_normalize
 from .quant import fp4_qdq, fp8_qdq, v4_kv_qdq
 from .rope import Rotary, apply_rope
-from .sparse_attn import sparse_attn
+from .sparse_attn import gather_rows, sparse_attn
 
 
 def window_index(start: torch.Tensor, n_tokens: int, window: int, slots: int) -> torch.Tensor:
@@ -96,7 +96,7 @@ class Attention(nn.Module):
         trace = ctx.trace
         want = trace is not None and trace.wants_attention(f"{self.role.path}.attn")
         res = sparse_attn(q, kv_all, self.attn_sink, idx, self.scale, query_block=ctx.options.attn_query_block,
-                          return_probs=want)
+                          return_probs=want, gather=self.gather_rows)
         o = res[0] if want else res
         if want:
             p, sink_p = res[1].mean(2), res[2].mean(2)                      # averaged over heads
@@ -110,6 +110,11 @@ class Attention(nn.Module):
         wo_a = self.wo_a.weight.view(self.groups, self.o_rank, -1)          # [G, o_rank, H·D/G]
         z = torch.einsum("bsgd,grd->bsgr", o.to(wo_a.dtype), wo_a)           # [B, S, G, o_rank]
         return self.wo_b(z.flatten(2))
+
+    def gather_rows(self, kv: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The rows sparse_attn reads: kv [B, N, D] at idx [B, s, K] → [B, s, K, D] (engine.speedups reads the
+        same rows another way)."""
+        return gather_rows(kv, idx)
 
     def queries(self, x: torch.Tensor, cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, S, dim] → (rotated queries [B, S, H, D], the q-LoRA residual qr [B, S, q_rank] the indexer reads).

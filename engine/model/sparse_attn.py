@@ -1,30 +1,40 @@
 """`sparse_attn` (spec §3.5): one shared K=V head, per-query index lists (−1 = empty), per-head sink."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .norm import upcast
 
 
+def gather_rows(kv: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The rows of kv [B, N, D] that idx [B, s, K] lists → [B, s, K, D] (an empty entry, −1, reads row 0; the
+    attention masks it)."""
+    batch = torch.arange(kv.size(0), device=kv.device).view(-1, 1, 1)
+    return kv[batch, idx.clamp_min(0)]
+
+
 def sparse_attn(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor, scale: float,
-                *, query_block: int = 256,
-                return_probs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                *, query_block: int = 256, return_probs: bool = False,
+                gather: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = gather_rows,
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, S, H, D], kv [B, N, D], sink [H], idx [B, S, K] int64 → out [B, S, H, D] in q's dtype.
 
     p_j = e^{l_j} / (Σ_j e^{l_j} + e^{sink_h}) over the listed rows, l = (q·kv)·scale; the sink is not
     scaled and only enters the denominator. Empty entries contribute nothing; an all-empty row gives 0.
-    With return_probs, also returns (p [B,S,H,K], sink_p [B,S,H]) in fp32.
+    With return_probs, also returns (p [B,S,H,K], sink_p [B,S,H]) in fp32. `gather` reads the listed rows (an
+    equivalent may replace gather_rows: engine.speedups).
     """
     if idx.size(-1) == 0:
         out = q.new_zeros(q.shape)
         empty = (q.new_zeros(*q.shape[:3], 0, dtype=torch.float32), q.new_zeros(q.shape[:3], dtype=torch.float32))
         return (out, *empty) if return_probs else out
     outs, probs, sinks = [], [], []
-    batch = torch.arange(kv.size(0), device=kv.device).view(-1, 1, 1)
     for s0 in range(0, q.size(1), query_block):
         qb, ib = q[:, s0:s0 + query_block], idx[:, s0:s0 + query_block]
         valid = ib >= 0
-        rows = upcast(kv[batch, ib.clamp_min(0)])  # [B, s, K, D]
+        rows = upcast(gather(kv, ib))  # [B, s, K, D]
         logits = torch.einsum("bshd,bskd->bshk", upcast(qb), rows) * scale
         logits = logits.masked_fill(~valid.unsqueeze(2), float("-inf"))
         sink_l = upcast(sink).view(1, 1, -1)

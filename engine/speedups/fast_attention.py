@@ -15,6 +15,7 @@ from .fast_linear import FastLinear
 from .fast_quant import fp4_qdq, fp8_qdq, v4_kv_qdq
 from .fast_rope import MAX_ROTATED_POSITIONS, inverse_rotation, rotate, rotation, rotation_at, scaled_rotation
 from .row_invariant import few_rows_linear
+from .sparse_rows import selected_rows
 from .window_attention import ring_hidden, window_attention
 
 
@@ -26,7 +27,11 @@ class FastAttention(Attention):
     and rotations (_fast_compressed) and the fast compressor and indexer. A trace that asks for this layer's
     attention facts gets them from the same computation (so a trace never changes the logits). Static shapes
     (CUDA graphs, torch.compile) take the same path: it reads no value back and sizes nothing by one. Autograd, long
-    prefills and the indexer loss run the reference code."""
+    prefills and the indexer loss run the reference code, which reads its rows in one index_select
+    (engine.speedups.sparse_rows)."""
+
+    def gather_rows(self, kv: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return selected_rows(kv, idx)
 
     def fast_path_applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
         B, S, _ = x.shape

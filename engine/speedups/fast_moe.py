@@ -23,6 +23,11 @@ from .sync_free import sync_free_active
 # weighted 0. For small models one big matmul beats gathering or looping over experts beyond a few tokens; a
 # full-size model (V4.1-Flash: 6.4G expert elements per layer) never takes this path.
 DENSE_MAX_ELEMENTS = 4 * 1024 * 1024
+# The CPU's by-expert loop (FastMoE.sorted_pairs) costs a few ops per chosen expert, about as long as this many
+# multiply-adds (some 30 µs on one core); the dense path costs every expert's multiply-adds on every token. A small
+# model's call sorts once the dense path's extra multiply-adds exceed that cost for every expert: default-small's
+# 16 experts from 14 tokens on (its prefills), tiny-v4.1's 8 narrow ones from 147.
+SORT_OPS_MACS = 600_000
 
 
 def _plain(linear) -> bool:
@@ -97,9 +102,14 @@ class FastMoE(MoE):
 
     def sorts(self, n_tokens: int) -> bool:
         """Whether a call of n_tokens on the CPU runs its pairs by expert (sorted_pairs): while they are at most
-        twice the experts; beyond, a small model's dense path reads every expert in fewer ops (and a large
-        model's reference loop is the same sort)."""
-        return n_tokens * (self.topk + 1) <= 2 * (self.n_experts + 1)
+        twice the experts, and in a small model while the dense path's products for the experts a token did not
+        choose cost more than the loop's ops for every expert (SORT_OPS_MACS); beyond, the dense path reads every
+        expert in fewer ops (and a large model's reference loop is the same sort)."""
+        if n_tokens * (self.topk + 1) <= 2 * (self.n_experts + 1):
+            return True
+        expert_macs = 3 * self.experts[0].w1.weight.numel()                   # W1, W3 [inter, dim], W2 [dim, inter]
+        return (self.runs_densely()
+                and n_tokens * (self.n_experts - self.topk) * expert_macs > SORT_OPS_MACS * (self.n_experts + 1))
 
     def routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.gate.weight.requires_grad:

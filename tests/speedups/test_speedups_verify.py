@@ -85,10 +85,12 @@ def test_fast_drafter_equals_the_reference(family, dtype):
     torch.testing.assert_close(got.confidence_logits, want.confidence_logits, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("n_tokens", [1, 2, 3, 5, 8, 11])
+@pytest.mark.parametrize("n_tokens", [1, 2, 3, 5, 8, 11, 64, 200])
 def test_moe_pairs_by_expert_equal_the_reference(n_tokens):
-    """FastMoE's by-expert pairs (sorted_pairs, taken on the CPU up to twice the experts in pairs), the gathered
-    pairs and the reference MoE give the same output and routing, routed experts shared between tokens included."""
+    """FastMoE's by-expert pairs (sorted_pairs, taken on the CPU up to twice the experts in pairs, and in a small
+    model where the dense path's products for unchosen experts would cost more than the loop: 200 tokens here, not
+    64), the dense path, the gathered pairs and the reference MoE give the same output and routing, routed experts
+    shared between tokens included."""
     ref, fast = models("v4.1", torch.float64)
     moe_ref = next(m for m in ref.layers.modules() if type(m) is MoE and not m.hash_routed)
     moe_fast = next(m for m in fast.layers.modules() if type(m) is FastMoE and not m.hash_routed)
@@ -102,6 +104,8 @@ def test_moe_pairs_by_expert_equal_the_reference(n_tokens):
     assert torch.equal(ids_fast, ids_ref)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     torch.testing.assert_close(gathered.view_as(want), want, atol=1e-12, rtol=0)
+    if n_tokens in (64, 200):   # past the pairs rule: the dense path at 64 tokens, by expert at 200
+        assert moe_fast.runs_densely() and moe_fast.sorts(n_tokens) == (n_tokens == 200)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
