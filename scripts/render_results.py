@@ -273,7 +273,8 @@ def verify_rows(r: dict, view: str) -> list[str]:
         return table(["layer output", *kinds],
                      [[name, *(f"{max(row['layers'][name] for row in rows if row['numerics'] == k):.1e}"
                                for k in kinds)] for name in settings["layers"]])
-    return table(["numerics", "position", "logits: largest |difference|", "decode's top-2 margin", "same greedy token"],
+    return table(["numerics", "position", "logits: largest absolute difference", "decode's top-2 margin",
+                  "same greedy token"],
                  [[row["numerics"], f"{row['position']:,}", f"{row['logits']:.1e}", f"{row['margin']:.3f}",
                    "yes" if row["same_token"] else "**no**"] for row in rows])
 

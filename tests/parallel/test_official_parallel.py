@@ -32,6 +32,7 @@ from engine.checkpoint.official_layout import INDEX_NAME, official_args
 from engine.checkpoint.official_load import load_official_model
 from engine.cli import main
 from engine.model import Transformer
+from engine.model.options import EngineOptions
 from engine.parallel import World, build_shard, shard_model
 from engine.parallel.experts import ExpertParallelQuantMoE
 from engine.parallel.layers import ColumnParallelFP8Linear, RowParallelFP8Linear
@@ -84,17 +85,23 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                      b.view(torch.uint8) if b.itemsize == 1 else b)
 
 
+# The forward comparison leaves out the reference's FP8 rounding of activations: the ranks sum split products in
+# another order than one process, and that rounding can turn a last-bit difference into a whole FP8 step of an
+# activation (scripts/verify_rows.py), a difference of the rounding's, not of the split. Generation keeps it.
+UNROUNDED = EngineOptions(act_quant=False)
+
+
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 threads [7 s on 2 cores]
 def test_ranks_hold_their_quantized_parts_and_compute_what_one_process_does(official, token_map, single, ranks):
     """Every tensor of a rank is, bit for bit, its Layout.source part of the single-process quantized model's (FP8
     weights with their scale blocks, whole MXFP4 experts, dequantized wo_a rows); the split modules are the
     quantized parallel classes; Engram tables are positioned-read sources on every rank; the forward cases (prefill,
-    decode, a rolled-back chunk, caches, trace) equal one process's within the fp32 tolerance."""
+    decode, a rolled-back chunk, caches, trace) equal one process's within the fp32 tolerance (UNROUNDED)."""
     args = load_config(official / "config.json")
     whole = single.state_dict()
 
     def work(world):
-        shard = build_shard(args, world, checkpoint=official, token_map=token_map)
+        shard = build_shard(args, world, checkpoint=official, token_map=token_map, options=UNROUNDED)
         attn, ffn = shard.layers[2].attn, shard.layers[2].ffn
         assert type(attn.wq_b) is ColumnParallelFP8Linear and type(attn.wo_b) is RowParallelFP8Linear
         assert attn.wo_a.weight.dtype == torch.float32 and attn.wo_b.weight.dtype == torch.float8_e4m3fn
@@ -111,7 +118,8 @@ def test_ranks_hold_their_quantized_parts_and_compute_what_one_process_does(offi
     results, errors = run_ranks(ranks, work, timeout_s=120)
     assert not errors, errors
     assert_same_on_every_rank(results)
-    assert_close(forward_cases(single), results[0], 1e-4, f"{ranks} ranks, official checkpoint, fp32")
+    one = load_official_model(official, token_map=token_map, options=UNROUNDED)[1]
+    assert_close(forward_cases(one), results[0], 1e-4, f"{ranks} ranks, official checkpoint, fp32")
 
 
 @pytest.mark.slow  # greedy, DSpark and sampled generation on 2 rank threads and in one process [12 s on 2 cores]

@@ -16,6 +16,7 @@ from engine.speedups.fast_attention import FastAttention
 from engine.speedups.fast_block import FastBlock
 from engine.speedups.fast_moe import FastMoE
 from engine.speedups.fast_rope import _build
+from engine.speedups.row_invariant import KERNEL_ROWS
 from engine.speedups.sinkhorn import scalar_sinkhorn
 from tests.model_helpers import RecordingTrace, synthetic_token_map
 
@@ -150,10 +151,27 @@ def test_fused_experts_follow_weight_changes():
 
 
 @pytest.mark.parametrize("rows", [1, 5, 12])
+def test_a_few_rows_read_the_bf16_head_itself(rows):
+    """Decode steps and verify blocks (at most row_invariant.KERNEL_ROWS rows) read the bf16 head in the C++ kernel,
+    each row alike at any count: no fp32 copy, the reference's logits up to summation order, the head's changes
+    seen at once."""
+    ref, fast = pair("v4.1", torch.bfloat16)
+    x = torch.randn(rows, ref.args.dim, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.vocab_logits(x), ref.vocab_logits(x), atol=1e-5, rtol=1e-5)
+        assert torch.equal(fast.vocab_logits(x[:1]), fast.vocab_logits(x)[:1])
+        assert "_derived" not in fast.head.__dict__
+    with torch.no_grad():
+        for m in (ref, fast):
+            m.head.weight.mul_(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.vocab_logits(x), ref.vocab_logits(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [KERNEL_ROWS + 1, 40])
 def test_fp32_head_copy_is_made_once_and_follows_the_head(rows):
-    """A bf16 head's logits come from one fp32 copy, transposed on the CPU for calls of every size (decode, a verify
-    block, a prefill's rows): made once, equal to the reference's per-call conversion up to summation order, and
-    rebuilt when the head changes."""
+    """A bf16 head's logits in calls of more rows (a prefill's) come from one fp32 copy, transposed on the CPU: made
+    once, equal to the reference's per-call conversion up to summation order, and rebuilt when the head changes."""
     ref, fast = pair("v4.1", torch.bfloat16)
     x = torch.randn(rows, ref.args.dim, dtype=torch.bfloat16)
     with torch.inference_mode():
