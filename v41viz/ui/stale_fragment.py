@@ -17,12 +17,21 @@ page, and st.switch_page changes it inside a run). The values the dropped rerun 
 prompt, a number not yet committed) are set aside per session, for kept.remember to keep on the next run."""
 from __future__ import annotations
 
+import logging
 import threading
 
-from streamlit.proto.WidgetStates_pb2 import WidgetStates
-from streamlit.runtime.app_session import AppSession
-from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
-from streamlit.runtime.state.common import user_key_from_element_id
+try:   # Streamlit's internals as of 1.67 (requirements.txt allows later versions: without them, no guard)
+    from streamlit.proto.WidgetStates_pb2 import WidgetStates
+    from streamlit.runtime.app_session import AppSession
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+    from streamlit.runtime.state.common import user_key_from_element_id
+    MISSING = ""
+except ImportError as e:   # pragma: no cover - depends on the installed Streamlit
+    WidgetStates = AppSession = None
+    MISSING = str(e)
+
+    def get_script_run_ctx():
+        return None
 
 _lock = threading.Lock()
 _late: dict[str, dict[str, object]] = {}   # session id → {widget key: value} from dropped reruns
@@ -30,7 +39,7 @@ _shown: dict[str, str] = {}                # session id → hash of the page it 
 _VALUE_KINDS = ("string_value", "int_value", "double_value", "bool_value")   # what a blur can commit, and toggles
 
 
-def keyed_values(states: WidgetStates) -> dict[str, object]:
+def keyed_values(states) -> dict[str, object]:
     """{widget key: value} of the keyed widgets in a rerun request whose values are plain scalars."""
     values = {}
     for state in states.widgets:
@@ -62,7 +71,14 @@ def take_late_edits() -> dict[str, object]:
 
 
 def install() -> None:
-    """Wrap AppSession.request_rerun once per process (each page calls this through page_setup)."""
+    """Wrap AppSession.request_rerun once per process (each page calls this through page_setup); where this
+    Streamlit lacks the internals it wraps, say so once in the server log and leave it as it is."""
+    if AppSession is None:
+        if not getattr(install, "said", False):
+            install.said = True
+            logging.getLogger(__name__).warning("the stale-fragment guard is off with this Streamlit (%s): a link "
+                                                "clicked while a text box has focus may show a blank page", MISSING)
+        return
     if getattr(AppSession.request_rerun, "_v41_stale_fragment", False):
         return
     original = AppSession.request_rerun
