@@ -59,9 +59,7 @@ class Compressor(nn.Module):
         if not self.gated:  # V4.1 ratio 1: one token per group, a plain projection in the activation dtype
             return self.norm(self.wkv(x)), group, valid
         # gate-weighted softmax pooling in fp32 over the tokens of each group
-        xf = upcast(x)
-        kv = F.linear(xf, upcast(self.wkv.weight))           # [B, S, W]
-        gate = F.linear(xf, upcast(self.wgate.weight))
+        kv, gate = self.project(upcast(x))                   # [B, S, W] each
         ring_kv, ring_gate = ctx.cache.pending[self.pending]
         rows = ctx.rows_dev
         P = ring_kv.size(1)
@@ -94,3 +92,7 @@ class Compressor(nn.Module):
         ring_kv[rows.unsqueeze(1), slots] = kv[:, S - keep:].to(ring_kv.dtype)
         ring_gate[rows.unsqueeze(1), slots] = gate[:, S - keep:].to(ring_gate.dtype)
         return self.norm(latent.to(x.dtype)), group, valid
+
+    def project(self, xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 input [B, S, dim] → its (kv, gate) [B, S, W], in fp32."""
+        return F.linear(xf, upcast(self.wkv.weight)), F.linear(xf, upcast(self.wgate.weight))

@@ -8,6 +8,7 @@ from ..model.compressor import Compressor
 from ..model.context import ForwardContext
 from ..model.norm import upcast
 from .derived import derived
+from .row_invariant import few_rows_linear
 from .sync_free import sync_free_active
 
 
@@ -44,16 +45,25 @@ class FastCompressor(Compressor):
 
     def _store(self, x: torch.Tensor, ctx: ForwardContext) -> None:
         """Write the kv and gate of the call's tokens [B, S, W] (fp32) to the pending ring at position % slots."""
-        W, S = self.wkv.weight.size(0), ctx.n_tokens
-        wkv, wgate = self.wkv.weight, self.wgate.weight
-        both = derived(self).get("kv_gate", (wkv, wgate), lambda: torch.cat([upcast(wkv), upcast(wgate)]))
-        kv_gate = F.linear(upcast(x), both)                                  # [B, S, 2W]: kv, then gate
+        S = ctx.n_tokens
+        kv, gate = self.project(upcast(x))                                   # [B, S, W] each
         ring_kv, ring_gate = ctx.cache.pending[self.pending]
         keep = min(S, ring_kv.size(1))
         rows = ctx.rows_dev.unsqueeze(1)
         slots = ctx.positions[:, S - keep:] % ring_kv.size(1)               # [B, keep]
-        ring_kv[rows, slots] = kv_gate[:, S - keep:, :W].to(ring_kv.dtype)
-        ring_gate[rows, slots] = kv_gate[:, S - keep:, W:].to(ring_gate.dtype)
+        ring_kv[rows, slots] = kv[:, S - keep:].to(ring_kv.dtype)
+        ring_gate[rows, slots] = gate[:, S - keep:].to(ring_gate.dtype)
+
+    def project(self, xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compressor.project as one product with [wkv ; wgate] (its fp32 copy kept once); a few rows (a decode step,
+        a verify block, whether or not it finishes a group) in engine.speedups.row_invariant's kernel, each row
+        alike at any count."""
+        wkv, wgate = self.wkv.weight, self.wgate.weight
+        both = derived(self).get("kv_gate", (wkv, wgate), lambda: torch.cat([upcast(wkv), upcast(wgate)]))
+        kv_gate = few_rows_linear(xf, both)                                  # [B, S, 2W]: kv, then gate
+        if kv_gate is None:
+            kv_gate = F.linear(xf, both)
+        return kv_gate.split(wkv.size(0), -1)
 
     def _pool_last_group(self, x: torch.Tensor, ctx: ForwardContext, first_group: list[bool]):
         """One token per row, the last of its group (already in the ring) → (latent [B, 1, head_dim], group [B, 1],

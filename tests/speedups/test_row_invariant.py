@@ -90,7 +90,7 @@ def test_a_verify_block_computes_its_first_row_as_a_decode_step(official, option
     with torch.inference_mode():
         cache = model.new_cache(1, 64)
         model(torch.tensor([prompt]), cache)
-        for _ in range(3):        # positions 40–42: a compressed group is finished inside some of the blocks
+        for _ in range(4):        # positions 40–43: the block's first row finishes a ratio-2 group, or another row
             block_cache = copy.deepcopy(cache)
             block = torch.randint(3, engine.args.vocab_size, (width,), generator=gen)
             outputs.clear()
