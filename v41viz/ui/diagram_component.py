@@ -199,11 +199,12 @@ function build(parentElement) {
     root.querySelectorAll('.v41-box').forEach(el => {
       if (el.dataset.node === box.dataset.node) el.classList.add('v41-selected');
     });
+    clearTimeout(root.reportTimer);  // a view report due now would start a rerun that drops this click's
     root.trigger('pick', box.dataset.node);
   };
   const activate = e => {
     const toggle = e.target.closest && e.target.closest('[data-toggle]');
-    if (toggle) { root.trigger('toggle', toggle.dataset.toggle); return true; }
+    if (toggle) { clearTimeout(root.reportTimer); root.trigger('toggle', toggle.dataset.toggle); return true; }
     const box = boxOf(e);
     if (box) { pick(box); return true; }
     return false;
