@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..spec.config import ModelArgs
 
 BF16_TERMS = ("residual streams", "attention", "expert intermediates")   # working terms the plan counts in BF16
+HEAD_TERM = "logits and fp32 head"
 
 
 def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes: int = 4,
@@ -27,12 +28,14 @@ def host_run_bytes(args: "ModelArgs", context: int, batch: int = 1, value_bytes:
     the shards), the engine's caches in the compute dtype (window ring per backbone layer, compressed KV and index
     keys per source, token history), the plan's working terms (its BF16 ones at value_bytes; no runtime reserve),
     the Engram pages touched and the plan's loading staging (twice the largest tensor). The plan's "fp32 head"
-    term is kept: on the CPU the engine holds a transposed fp32 copy of the head for its few-row decode calls
-    (engine.speedups.fast_head), beside the head itself."""
+    term counts the logits only: the CPU engine reads its fp32 head in place (decode steps and DSpark blocks through
+    engine.speedups.row_invariant's kernel, prefills through torch's matmul), with no second copy of it as a GPU
+    keeps (where the kernel did not build, engine.speedups.fast_head makes a transposed one)."""
     a = args
     hw = Hardware(gpus=1, context=context, batch=batch, prefill_chunk=prefill_chunk, reserve_gib=0.0)
     working = working_terms(a, hw)
     working = {k: v * value_bytes // 2 if k in BF16_TERMS else v for k, v in working.items()}
+    working[HEAD_TERM] -= a.vocab_size * a.dim * 4                  # no fp32 copy of the head on the CPU
     caches = 0
     for role in a.roles[: a.n_layers]:
         caches += a.window_size * a.head_dim
