@@ -2,20 +2,15 @@
 values are refused, and the table labels differing outputs as expected only when sampling."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_dspark.py"
+from tests.script_helpers import script_module
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bench_dspark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench_dspark.py")
 
 
 @pytest.mark.parametrize("argv", [["--temperature", "-1"], ["--temperature", "nan"], ["--temperature", "inf"],

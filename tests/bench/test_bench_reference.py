@@ -3,22 +3,12 @@ hold): a folder lacking the reference's files is refused by name, and the tokeni
 hash groups token ids exactly as the engine's token map does, over the whole compressed vocabulary."""
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from tests.script_helpers import ROOT
+from tests.script_helpers import script_module
 
-
-def script():
-    spec = importlib.util.spec_from_file_location("bench_reference", ROOT / "scripts" / "bench_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = script()
+BENCH = script_module("bench_reference.py")
 
 
 def test_a_folder_without_the_reference_files_is_refused_naming_them(tmp_path):

@@ -2,7 +2,6 @@
 arithmetic, and a bad revision refused with no worktree left."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.script_helpers import ROOT, script_runner
+from tests.script_helpers import ROOT, script_module, script_runner
 
 SCRIPT = ROOT / "scripts" / "bench_revision.py"
 NUMBER = r"[\d,]+\.\d"
@@ -102,10 +101,7 @@ def test_head_against_the_working_tree_prints_a_table(tmp_path):
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bench_revision", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench_revision.py")
 
 
 def test_the_compiled_row_sets_the_working_trees_compiled_decode_against_the_revisions_eager_decode(monkeypatch):

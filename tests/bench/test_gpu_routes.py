@@ -3,7 +3,6 @@ the CPU: the whole model and the routed experts in host memory give the same gre
 well-formed results file with its load time, tokens/s and peak memory."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.bench.results_file import check, load
+from tests.script_helpers import script_module
 
 # two loads of the shipped model quantized, and 2 × 3 short generations [12 s]
 pytestmark = pytest.mark.slow
@@ -19,10 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu_routes():
-    spec = importlib.util.spec_from_file_location("gpu_routes", ROOT / "scripts" / "gpu_routes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("gpu_routes.py")
 
 
 def test_the_plain_and_host_expert_routes_write_the_same_text(tmp_path):

@@ -1,9 +1,7 @@
 """`engine plan --fit`: the configurations that fit, fewest GPUs first, each GPU count one the parallel layout can
 split the config over, at the longest context that fits; why the smaller ones do not; the results file for the
 docs."""
-import importlib.util
 import json
-from pathlib import Path
 
 from engine.accounting.accounting import GIB
 from engine.bench.results_file import load
@@ -12,9 +10,9 @@ from engine.plan.fit import LADDER, fit_options, impossible_counts
 from engine.plan.memory_plan import Hardware, memory_plan
 from engine.spec.parallel_degree import parallel_degrees, uneven_counts
 from engine.spec.presets import resolve_config
+from tests.script_helpers import script_module
 
 V41 = "deepseek-v4.1-flash"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_allowed_gpu_counts_follow_the_layout_rule():
@@ -93,9 +91,7 @@ def test_the_results_file_holds_every_row_and_renders_with_the_verdicts(tmp_path
     assert results["command"] == "python -m engine " + " ".join(argv)
     assert [(r["gpus"], r["experts"], r["fits"]) for r in results["rows"]] == [
         (1, "device", False), (1, "host", True), (2, "device", False), (4, "device", True), (8, "device", True)]
-    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
+    render = script_module("render_results.py")
     text = "\n".join(render.plan(results, ""))
     assert "| 1 × 141 GiB + 512 GiB host | 1 | host RAM | 1M |" in text
     assert "| 8 × 141 GiB | 8 | on the GPUs | 1M |" in text and "**fits at context 1M" in text

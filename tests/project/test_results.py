@@ -2,25 +2,18 @@
 docs/*.md exactly what scripts/render_results.py makes from its file (no figure typed by hand)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from engine.bench.results_file import check, load
+from tests.script_helpers import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 
 
-def renderer():
-    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RENDER = renderer()
+RENDER = script_module("render_results.py")
 FILES = sorted(RESULTS.glob("*.json"))
 DOCUMENTS = RENDER.documents()
 
