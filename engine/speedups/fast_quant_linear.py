@@ -12,8 +12,7 @@ from ..kernels import cpu_quant_linear
 from ..model.quant import fp8_qdq
 from ..quant.formats import fp4_byte_values
 from ..quant.modules import FP4Linear, FP8Linear
-from .row_invariant import KERNEL_ROWS
-from .sync_free import sync_free_active
+from .row_invariant import few_rows
 
 
 @lru_cache(maxsize=1)
@@ -28,11 +27,7 @@ def code_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def _kernel_for(linear: FP8Linear | FP4Linear, x: torch.Tensor):
     """The built kernel when this call is a few CPU rows without autograd, outside compiled bodies; else None."""
-    if x.device.type != "cpu" or linear.weight.device.type != "cpu" or sync_free_active():
-        return None
-    if torch.is_grad_enabled() and x.requires_grad:
-        return None
-    if x.dtype not in (torch.float32, torch.bfloat16) or not 0 < x.numel() <= KERNEL_ROWS * x.size(-1):
+    if not few_rows(x) or linear.weight.device.type != "cpu":
         return None
     return cpu_quant_linear.load()
 

@@ -11,7 +11,8 @@ import torch
 from engine.kernels import cpu_quant_linear
 from engine.model.linear import Linear
 from engine.quant.modules import FP4Linear, FP8Linear
-from engine.speedups.fast_quant_linear import KERNEL_ROWS, FastFP4Linear, FastFP8Linear, code_tables
+from engine.speedups.fast_quant_linear import FastFP4Linear, FastFP8Linear, code_tables
+from engine.speedups.row_invariant import KERNEL_ROWS
 from engine.speedups.sync_free import sync_free
 
 
