@@ -27,7 +27,9 @@ class FastIndexer(Indexer):
     * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit;
     * a long call (a prefill) scores each block of queries against the rows its last query can see, not the
       call's whole width (causal: the rest would be −inf, so the picks are the same; half the S·S/ratio scores),
-      and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort.
+      and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort; its scores reuse one
+      [B, block, h, seen] buffer (scores_in_place) and the candidate mask is written block by block, so a long
+      prefill's peak is what engine.plan's "index scores" term counts.
     Autograd runs the reference code; sync_free() (the static shapes of CUDA graphs and torch.compile) the
     reference forward, over the fast inputs."""
 
@@ -45,15 +47,17 @@ class FastIndexer(Indexer):
         q, w, keys, visible = self._inputs(x, qr, cis, ctx, width)
         S, step, k = x.size(1), ctx.options.attn_query_block, self.topk
         starts = ctx.cached("starts", ctx.start.tolist)
-        masks, picks = [], []
+        picks = []
+        if role.candidate_source:   # filled block by block: no list of block masks to concatenate
+            candidates = torch.zeros(x.size(0), S, width, dtype=torch.bool, device=x.device)   # [B, S, W]
         for s0 in range(0, S, step):      # query blocks bound the [B, block, h, W] scores, as in the reference
             sl = slice(s0, s0 + step)
             # causal: no query of this block sees a row past its last query's; those columns would be −inf
             seen = max((start + min(S, s0 + step)) // ratio for start in starts)
             vis = visible[:, sl]
-            scores = self._scores(q[:, sl], w[:, sl], keys[:, :seen], vis)                  # [B, s, seen]
+            scores = scores_in_place(q[:, sl], w[:, sl], keys[:, :seen], vis)               # [B, s, seen]
             if role.candidate_source:
-                masks.append(F.pad(candidate_blocks(scores, vis, self.top_blocks, self.block), (0, width - seen)))
+                candidates[:, sl, :seen] = candidate_blocks(scores, vis, self.top_blocks, self.block)
             elif role.uses_candidates:
                 scores = self.filter_candidates(scores, ctx, sl)
             idx = ascending_topk(scores, min(k, seen))
@@ -61,7 +65,7 @@ class FastIndexer(Indexer):
             idx = torch.where(idx < vis.unsqueeze(-1), idx, -1)
             picks.append(F.pad(idx, (0, k - idx.size(-1)), value=-1))   # past `seen`: picks the reference drops
         if role.candidate_source:
-            ctx.candidates = torch.cat(masks, 1)
+            ctx.candidates = candidates
         return torch.cat(picks, 1)
 
     def keys(self, latent: torch.Tensor, cis: torch.Tensor, quant: bool) -> torch.Tensor:
@@ -93,3 +97,12 @@ class FastIndexer(Indexer):
         w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
         keys = upcast(call_rows(ctx, ctx.cache.index_k[src])[:, :width])             # [B, W, d]
         return q, w, keys, call_visible(ctx, ctx.cache.ratio[src])
+
+
+def scores_in_place(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Indexer._scores with its elementwise steps in place: the same values, one [B, s, h, W] buffer instead of
+    three alive at once (at 32k tokens each is a few hundred MB)."""
+    scores = torch.einsum("bshd,btd->bsht", upcast(q), keys)                     # [B, s, h, W]
+    scores = scores.relu_().mul_(upcast(w).unsqueeze(-1)).sum(2)                 # [B, s, W]
+    invisible = torch.arange(keys.size(1), device=keys.device) >= visible.unsqueeze(-1)
+    return scores.masked_fill_(invisible, float("-inf"))

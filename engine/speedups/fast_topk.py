@@ -18,7 +18,7 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor | None:
     above = scores > kth
     tied = scores == kth
     room = k - above.sum(-1, keepdim=True)                                  # [..., 1] ties still to take
-    return above | (tied & (tied.cumsum(-1) <= room))
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= room))   # int32: half int64's bytes
 
 
 def ascending_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
