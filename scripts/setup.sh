@@ -22,10 +22,10 @@ installed="$(cd / && "$here/.venv/bin/python" -c 'import engine; print(engine.__
 if [ "$installed" != "$here/engine/__init__.py" ]; then
   .venv/bin/python -m pip install -qq --no-deps -e .
 fi
-# the CPU kernels (few-token mHC seams, few-row RMSNorms, few-row FP8/FP4 linears), built once per machine into torch's extension cache
+# the CPU kernels (few-token mHC seams, few-row RMSNorms, few-row FP8/FP4 linears, FP8 activation rounding), built once per machine into torch's extension cache
 # (~20 s each the first time, then a fraction of a second), so that the app's first generation does not wait for
 # the compiler; where one cannot be built the engine says why and keeps its Python path
 .venv/bin/python -W ignore::RuntimeWarning -c '
-from engine.kernels import cpu_norm, cpu_quant_linear, cpu_seam
-for kernel in (cpu_seam, cpu_norm, cpu_quant_linear):
+from engine.kernels import cpu_fp8_round, cpu_norm, cpu_quant_linear, cpu_seam
+for kernel in (cpu_seam, cpu_norm, cpu_quant_linear, cpu_fp8_round):
     kernel.load() or print("note: " + kernel.unavailable_reason())'

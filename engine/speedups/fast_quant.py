@@ -6,6 +6,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cpu_fp8_round
 from ..model import quant
 from .casts import cast
 
@@ -39,13 +40,30 @@ def _unblock(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def fp8_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """quant.fp8_qdq (per block: scale = the power of two ≥ amax/448, e4m3 rounding, times the scale), equal to
-    it bit for bit."""
+    it bit for bit. A CPU fp32 or bf16 x whose rows are whole blocks takes the C++ kernel of
+    engine.kernels.cpu_fp8_round (one call for these dozen ops)."""
+    rounded = _fp8_kernel(x, block)
+    if rounded is not None:
+        return rounded
     xg = _blocks(x, block)                                                    # [..., n, block]
     amax = torch.linalg.vector_norm(xg, float("inf"), -1, keepdim=True).clamp_min(1e-4)   # max |x|, exact
     s = pow2_ceil(cast(amax, torch.float32) * RECIP_FP8_MAX)
     if s.dtype != xg.dtype:
         s = s.to(xg.dtype)
     return _unblock((xg / s).clamp(-quant.FP8_MAX, quant.FP8_MAX).to(torch.float8_e4m3fn).to(xg.dtype) * s, x)
+
+
+def _fp8_kernel(x: torch.Tensor, block: int) -> torch.Tensor | None:
+    """fp8_qdq(x, block) by the C++ kernel, or None where it does not apply (another device or dtype, a partial
+    block, autograd, compiled code) or did not build."""
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dim() == 0
+            or x.size(-1) % block or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad)):
+        return None
+    kernel = cpu_fp8_round.load()
+    if kernel is None:
+        return None
+    y = kernel.fp8_round(x.contiguous() if x.dtype == torch.float32 else x.float().contiguous(), block, RECIP_FP8_MAX)
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:

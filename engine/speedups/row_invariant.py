@@ -38,8 +38,13 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtyp
     kernel = cpu_quant_linear.load()
     if kernel is None:
         return None
-    y = kernel.float_rows(x.reshape(-1, x.size(-1)).float().contiguous(), weight)     # [rows, N] fp32
-    return y.to(out_dtype or x.dtype).view(*x.shape[:-1], weight.size(0))
+    rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))                         # [rows, K]
+    if rows.dtype != torch.float32 or not rows.is_contiguous():   # (skipped where not needed: a decode step makes
+        rows = rows.float().contiguous()                          # over a hundred of these calls)
+    y = kernel.float_rows(rows, weight)                                              # [rows, N] fp32
+    if (out_dtype or x.dtype) != torch.float32:
+        y = y.to(out_dtype or x.dtype)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.size(0))
 
 
 # torch's elementwise CPU loops run whole vectors of 2 × (up to 16) lanes, then a scalar loop over the rest, and the
