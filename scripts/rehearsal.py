@@ -47,9 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     recorder = ResultsRecorder(args.results, "rehearsal", "scripts/rehearsal.py", argv)
     written = ensure_folder(args.config, args.folder)
     model_args = load_config(args.folder / "config.json")
+    settings = {"config": str(args.config.relative_to(ROOT)) if args.config.is_relative_to(ROOT) else str(args.config),
+                "prompt": args.prompt, "decode": args.decode, "checkpoint_bytes": written["bytes"],
+                "write_s": written["seconds"], "layers": model_args.n_layers,
+                "routed_experts": model_args.n_routed_experts, "draft_stages": model_args.n_draft_stages}
     main_run = in_fresh_process(args, "run", args.prompt)
     main_run["predicted"] = host_run_bytes(model_args, args.prompt)
-    series, notes = [], []
+    rows, notes = [{"measure": "main", **main_run}], []
+    import torch
+
+    def save() -> None:   # after every row: a series stopped half-way (hours at 16k) keeps what it measured
+        recorder.write(rows, torch.get_num_threads(), settings=settings, notes=notes)
+
+    save()
     previous = main_run
     for context in [int(c) for c in args.contexts.split(",") if c]:
         stop = too_much(model_args, context, previous, args.budget_s)
@@ -59,18 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             break
         row = main_run if context == args.prompt else in_fresh_process(args, "prefill", context)
         row = {**row, "predicted": host_run_bytes(model_args, context)}
-        series.append(row)
+        rows.append({"measure": "prefill", **row})
+        save()
         previous = row
         print(f"prefill {context:,}: {row['prefill_s']:.1f} s, peak {(row['peak'] - row['base']) / GIB:.2f} GiB "
               f"above start (plan {row['predicted']['total'] / GIB:.2f} GiB)", file=sys.stderr)
-    rows = [{"measure": "main", **main_run}, *({"measure": "prefill", **r} for r in series)]
-    settings = {"config": str(args.config.relative_to(ROOT)) if args.config.is_relative_to(ROOT) else str(args.config),
-                "prompt": args.prompt, "decode": args.decode, "checkpoint_bytes": written["bytes"],
-                "write_s": written["seconds"], "layers": model_args.n_layers,
-                "routed_experts": model_args.n_routed_experts, "draft_stages": model_args.n_draft_stages}
     report(rows, settings)
-    import torch
-    recorder.write(rows, torch.get_num_threads(), settings=settings, notes=notes)
+    save()
     return 0
 
 
