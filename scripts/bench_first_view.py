@@ -4,7 +4,9 @@
 the server's cold caches); (b) a click on a box: the server time (the rerun request leaving the browser → the
 server's "script finished" message, read off the websocket) and the browser round trip (click → the node's details
 shown). Beside each wall time, the CPU seconds the server process used (from /proc: what the server did, which a busy
-machine delays but does not inflate). Prints medians and ranges.
+machine delays but does not inflate), and for a fresh view the browser's main-thread busy time and its JavaScript
+share (CDP Performance metrics: how much of the view is Streamlit's frontend loading and rendering the page). Prints
+medians and ranges.
 Usage: .venv/bin/python scripts/bench_first_view.py [--sessions 5] [--clicks 12] [--root DIR] [--results OUT]
 --root serves another copy of the app (for a before/after: `git archive REV | tar -x -C DIR`); the diagram labels
 are found both as SVG text (the diagram component) and as plotly annotations (the plotly diagram before it).
@@ -99,11 +101,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def first_view(browser, base: str, pid: int) -> tuple[float, float, float]:
+def first_view(browser, base: str, pid: int) -> tuple[float, float, float, float, float, int]:
     """Seconds from navigation to the page's title, and to the diagram's LM head box, in a fresh browser context;
-    and the server's CPU seconds for it (until the page's script run is over)."""
+    the server's CPU seconds for it (until the page's script run is over); the browser's main-thread busy seconds
+    and, of them, JavaScript's until the diagram shows (CDP Performance metrics TaskDuration, ScriptDuration: the
+    share of a view that is Streamlit's frontend and the page's rendering); and the script runs it took."""
     context = browser.new_context(viewport={"width": 1600, "height": 1400})
     page = context.new_page()
+    runs = ScriptRuns(page)
+    cdp = context.new_cdp_session(page)
+    cdp.send("Performance.enable")
     cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     page.goto(base + URL)
@@ -111,10 +118,11 @@ def first_view(browser, base: str, pid: int) -> tuple[float, float, float]:
     title = time.perf_counter() - t0
     page.locator(DIAGRAM_LABEL).filter(has_text="LM head").first.wait_for(timeout=120_000)
     elapsed = time.perf_counter() - t0
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
     page.get_by_text("How the plan is made").wait_for(timeout=120_000)   # the first run is over
     cpu = cpu_seconds(pid) - cpu0
     context.close()
-    return title, elapsed, cpu
+    return title, elapsed, cpu, metrics["TaskDuration"], metrics["ScriptDuration"], len(runs.finished)
 
 
 def clicks(browser, base: str, n: int, pid: int) -> tuple[list[float], list[float], list[float]]:
@@ -180,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     print(summary("(a) first view, fresh browser context: diagram", [w[1] for w in warm]))
     print(summary("    of which navigation → page title", [w[0] for w in warm]))
     print(summary("    server CPU seconds per fresh view", [w[2] for w in warm]))
+    print(summary("    browser main thread busy until the diagram", [w[3] for w in warm]))
+    print(summary("      of which JavaScript", [w[4] for w in warm]))
+    print(f"    script runs per fresh view: {[w[5] for w in warm]}")
     print(summary("(b) click → server script run", server))
     print(summary("(b) click → details shown in the browser", round_trip))
     print(summary("    server CPU seconds per click", click_cpu))
@@ -189,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
              "n": len(warm)},
             {"measure": "of which navigation → page title", "seconds": spread([w[0] for w in warm]), "n": len(warm)},
             {"measure": "server CPU per fresh view", "seconds": spread([w[2] for w in warm]), "n": len(warm)},
+            {"measure": "browser main thread busy until the diagram", "seconds": spread([w[3] for w in warm]),
+             "n": len(warm)},
+            {"measure": "of which JavaScript", "seconds": spread([w[4] for w in warm]), "n": len(warm)},
             {"measure": "click → server script run", "seconds": spread(server), "n": len(server)},
             {"measure": "click → details shown in the browser", "seconds": spread(round_trip), "n": len(round_trip)},
             {"measure": "server CPU per click", "seconds": spread(click_cpu), "n": len(click_cpu)}]
