@@ -10,8 +10,9 @@ What it covers: every CJK character the shipped tokenizer's vocabulary can show 
 each token's bytes decoded as UTF-8), CJK punctuation and symbols, kana, fullwidth forms and `▁`, the 6,763 Hanzi of
 GB 2312 (levels 1 and 2: the common simplified set) and the 2,350 Hangul syllables of KS X 1001 (both read off
 Python's own codecs). Slices: one of punctuation/symbols/fullwidth forms, one of kana, one of Hangul, then the Han
-characters in order of frequency (the lowest token id that contains the character: BPE merges frequent text first;
-characters no token holds come after, in GB 2312 order), so common text needs the first one or two Han slices only.
+characters in code point order, HAN_SLICE a file, each file's range a few spans (claimed_ranges): Streamlit sends the
+theme with every script run, and ranges listing scattered characters (slices by frequency) made that 76 KB a run.
+A Chinese text fetches the slices its characters fall in, each once per browser.
 
 Source: Noto Sans CJK SC Regular, from Debian's `fonts-noto-cjk` (SIL Open Font License 1.1; upstream
 https://github.com/googlefonts/noto-cjk). The license text is copied from the package's copyright file with the
@@ -101,17 +102,34 @@ def common_chars() -> list[str]:
 
 
 def slices(chars: dict[str, int]) -> list[tuple[str, list[int]]]:
-    """(name, code points) per file: symbols, kana, Hangul, then Han by rank (lower first), HAN_SLICE per file."""
+    """(name, code points) per file: symbols, kana, Hangul, then Han in code point order, HAN_SLICE per file (so
+    that each file's unicodeRange is a few spans: see claimed_ranges)."""
     groups: dict[str, list[int]] = {"symbols": [], "kana": [], "hangul": [], "han": []}
     for ch in chars:
         cp = ord(ch)
         key = ("kana" if in_ranges(cp, KANA) else "hangul" if in_ranges(cp, HANGUL)
                else "han" if in_ranges(cp, HAN) else "symbols")
         groups[key].append(cp)
-    han = sorted(groups.pop("han"), key=lambda cp: (chars[chr(cp)], cp))
+    han = sorted(groups.pop("han"))
     out = [(name, sorted(cps)) for name, cps in groups.items() if cps]
-    out += [(f"han{n:02d}", sorted(han[i:i + HAN_SLICE])) for n, i in enumerate(range(0, len(han), HAN_SLICE))]
+    out += [(f"han{n:02d}", han[i:i + HAN_SLICE]) for n, i in enumerate(range(0, len(han), HAN_SLICE))]
     return out
+
+
+def claimed_ranges(files: list[tuple[str, list[int]]]) -> dict[str, list[tuple[int, int]]]:
+    """Per file, the spans its unicodeRange claims: its code points, each gap between two of them closed where no
+    other file has a code point inside it. A claimed code point the file lacks costs nothing (the browser takes the
+    next font for it), and Streamlit sends the theme, ranges and all, with every script run: exact lists of the
+    scattered Han code points were 76 KB a run, these spans a few hundred bytes."""
+    owner = sorted((cp, name) for name, cps in files for cp in cps)
+    spans: dict[str, list[tuple[int, int]]] = {name: [] for name, _ in files}
+    for i, (cp, name) in enumerate(owner):
+        runs = spans[name]
+        if i and owner[i - 1][1] == name and runs:
+            runs[-1] = (runs[-1][0], cp)      # the previous code point overall is this file's too: one span
+        else:
+            runs.append((cp, cp))
+    return spans
 
 
 def unicode_range(cps: list[int]) -> str:
@@ -122,6 +140,10 @@ def unicode_range(cps: list[int]) -> str:
             runs[-1][1] = cp
         else:
             runs.append([cp, cp])
+    return spans_text(runs)
+
+
+def spans_text(runs) -> str:
     return ", ".join(f"U+{lo:X}" if lo == hi else f"U+{lo:X}-{hi:X}" for lo, hi in runs)
 
 
@@ -185,11 +207,12 @@ def license_text(source_path: Path) -> str:
 
 
 def font_faces_toml(files: list[tuple[str, list[int]]]) -> str:
-    parts = [BEGIN, f"# {FAMILY}: Noto Sans CJK SC sliced by characters; a browser fetches a file only for characters "
+    parts = [BEGIN, f"# {FAMILY}: Noto Sans CJK SC sliced by code point; a browser fetches a file only for characters "
              "of its range", "# that are on the page and that no font listed before it has."]
-    for name, cps in files:
+    spans = claimed_ranges(files)
+    for name, _ in files:
         parts += ["[[theme.fontFaces]]", f'family = "{FAMILY}"', f'url = "{URL_PREFIX}{name}.woff2"',
-                  'weight = "400"', 'style = "normal"', f'unicodeRange = "{unicode_range(cps)}"']
+                  'weight = "400"', 'style = "normal"', f'unicodeRange = "{spans_text(spans[name])}"']
     return "\n".join(parts + [END]) + "\n"
 
 

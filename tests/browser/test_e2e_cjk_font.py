@@ -4,6 +4,7 @@ system's DejaVu and Liberation fonts, so whatever the test machine has installed
 from __future__ import annotations
 
 import subprocess
+import tomllib
 
 import pytest
 from playwright.sync_api import sync_playwright
@@ -15,12 +16,20 @@ from tests.script_helpers import script_module
 # a fresh server, the Home page, then the Inspect page's engine load [~40 s under load]
 pytestmark = pytest.mark.slow
 
-FAMILY = script_module("build_cjk_font.py").FAMILY
+BUILD = script_module("build_cjk_font.py")
+FAMILY = BUILD.FAMILY
 PROMPT = "你好，世界。<｜User｜>カタカナ"
 FONTS_JS = """(family) => [...document.fonts].filter(f => f.family.replace(/"/g, '') === family)
     .map(f => [f.unicodeRange, f.status])"""
 WOFF2_JS = """() => performance.getEntriesByType('resource').map(e => e.name)
     .filter(n => n.includes('/app/static/fonts/cjk/')).map(n => n.split('/').pop()).sort()"""
+
+
+def slices_of(text: str) -> set[str]:
+    """The served files whose unicodeRange (in .streamlit/config.toml) holds a character of `text`."""
+    tables = tomllib.loads(BUILD.CONFIG.read_text())["theme"]["fontFaces"]
+    return {t["url"].split("/")[-1] for t in tables for ch in text
+            if ord(ch) in BUILD.parse_unicode_range(t["unicodeRange"])}
 
 
 def _find(node: dict, match) -> dict:
@@ -67,9 +76,11 @@ def test_cjk_prompt_uses_the_served_font_and_a_latin_page_loads_none(server, lat
                                "&& f.status === 'loaded')", arg=FAMILY, timeout=30_000)
         page.evaluate("() => document.fonts.ready")
         page.wait_for_timeout(500)
-        # Only the slices of the prompt's characters: symbols (，。｜), kana, the most common Han; never Hangul.
-        loaded = page.evaluate(WOFF2_JS)
-        assert {"han00.woff2", "kana.woff2", "symbols.woff2"} <= set(loaded) and "hangul.woff2" not in loaded, loaded
+        # The slices whose ranges hold the prompt's characters (symbols for ，。｜, kana, the Han ones of 你好世界),
+        # and not Hangul or every Han slice.
+        loaded = set(page.evaluate(WOFF2_JS))
+        assert slices_of(PROMPT) <= loaded and "hangul.woff2" not in loaded, loaded
+        assert len([name for name in loaded if name.startswith("han")]) < 6, loaded
         statuses = dict(page.evaluate(FONTS_JS, FAMILY))
         assert "loaded" in statuses.values() and "unloaded" in statuses.values(), statuses
 
