@@ -29,7 +29,6 @@ from .fast_linear import FastLinear
 from .fast_moe import FastMoE
 from .fast_norm import FastRMSNorm
 from .fast_quant_linear import FastFP4Linear, FastFP8Linear
-from .host_memory import return_large_frees
 from .kernel_modules import KernelBlock, KernelDraftStage, KernelEngram, KernelGate, KernelMoE
 from .kernel_quant import KernelFP4Linear, KernelFP8Linear
 from .sinkhorn import fast_sinkhorn
@@ -64,9 +63,7 @@ def _recast(model: nn.Module, module: nn.Module, cls: type) -> None:
 
 def prepare_for_inference(model: nn.Module) -> nn.Module:
     """What every place that builds a model for use calls: the transforms model.options asks for (kernels
-    "torch": the PyTorch speed paths; "triton": those and the Triton kernels), and large CPU tensors' memory given
-    back when freed (engine.speedups.host_memory). Returns `model`, changed in place."""
-    return_large_frees()
+    "torch": the PyTorch speed paths; "triton": those and the Triton kernels). Returns `model`, changed in place."""
     apply_speedups(model)
     if model.options.kernels == "triton":
         apply_kernels(model, "triton")

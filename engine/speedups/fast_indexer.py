@@ -28,8 +28,10 @@ class FastIndexer(Indexer):
     * a long call (a prefill) scores each block of queries against the rows its last query can see, not the
       call's whole width (causal: the rest would be −inf, so the picks are the same; half the S·S/ratio scores),
       and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort; its scores reuse one
-      [B, block, h, seen] buffer (scores_in_place) and the candidate mask is written block by block, so a long
-      prefill's peak is what engine.plan's "index scores" term counts.
+      [B, block, h, seen] buffer (scores_in_place), the candidate mask is written block by block, and at long
+      widths the query blocks shrink so that a block's scores stay under SCORE_BLOCK_BYTES (block_rows): a long
+      prefill holds the chunk's bool candidate mask and one block's scores, under engine.plan's "index scores"
+      term (a chunk's fp32 scores).
     Autograd runs the reference code; sync_free() (the static shapes of CUDA graphs and torch.compile) the
     reference forward, over the fast inputs."""
 
@@ -45,7 +47,8 @@ class FastIndexer(Indexer):
         if width <= self.topk:
             return every_visible_row(ctx, ratio, width)   # width 0 too: an empty list
         q, w, keys, visible = self._inputs(x, qr, cis, ctx, width)
-        S, step, k = x.size(1), ctx.options.attn_query_block, self.topk
+        S, k = x.size(1), self.topk
+        step = block_rows(ctx.options.attn_query_block, x.size(0) * self.n_heads * width)
         starts = ctx.cached("starts", ctx.start.tolist)
         picks = []
         if role.candidate_source:   # filled block by block: no list of block masks to concatenate
@@ -97,6 +100,18 @@ class FastIndexer(Indexer):
         w = self.weights_proj(x) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)   # [B, S, h]
         keys = upcast(call_rows(ctx, ctx.cache.index_k[src])[:, :width])             # [B, W, d]
         return q, w, keys, call_visible(ctx, ctx.cache.ratio[src])
+
+
+SCORE_BLOCK_BYTES = 16 << 20   # fp32 [B, block, h, W] scores of one query block at most (at least MIN_BLOCK_ROWS rows)
+MIN_BLOCK_ROWS = 16
+
+
+def block_rows(query_block: int, values_per_row: int) -> int:
+    """Query rows per scoring block: the options' attn_query_block, fewer where a row's B·h·W fp32 scores would put a
+    block over SCORE_BLOCK_BYTES (a 32k-token prefill's 256-row block held 64 MB of scores and as much again in
+    its temporaries), never under MIN_BLOCK_ROWS. The picks do not depend on it: each query is scored alone."""
+    fitting = SCORE_BLOCK_BYTES // max(4 * values_per_row, 1)
+    return max(min(query_block, fitting), min(query_block, MIN_BLOCK_ROWS))
 
 
 def scores_in_place(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
