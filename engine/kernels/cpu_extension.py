@@ -9,7 +9,7 @@ Each source text builds in its own folder of the cache (NAME-<sha256 of the sour
 never rebuild over each other. torch's builder holds a `lock` file while it compiles and a process that finds one
 waits until it goes; a build killed half-way (Ctrl-C, a timeout) leaves it behind, and every later process would
 wait forever. A lock older than STALE_LOCK_S, many times a build's length, is such a leftover: it is removed, with a
-warning that names it."""
+warning that names it; a process that finds a younger one waits until it goes or grows that old (wait_out_lock)."""
 from __future__ import annotations
 
 import functools
@@ -54,7 +54,7 @@ class CpuKernel:
             _find_ninja()
             folder = self.build_folder()
             folder.mkdir(parents=True, exist_ok=True)
-            clear_stale_lock(folder)
+            wait_out_lock(folder)
             module = load(self.name, sources=[str(self.source)], extra_cflags=FLAGS, verbose=False,
                           build_directory=str(folder))
         except Exception as e:  # no compiler, no ninja, an unwritable cache: the Python path stays
@@ -88,6 +88,15 @@ def clear_stale_lock(folder: Path, now: float | None = None) -> bool:
     warnings.warn(f"removed {lock}, left {age / 60:.0f} minutes ago by a build that did not finish; building again",
                   RuntimeWarning, stacklevel=2)
     return True
+
+
+def wait_out_lock(folder: Path, poll_s: float = 2.0, clock=time.time, sleep=time.sleep) -> None:
+    """Return once `folder` has no builder's `lock`: another process's build finished (its lock removed), or the
+    lock grew older than STALE_LOCK_S and clear_stale_lock removed it. torch's builder, finding a lock, waits for
+    it with no limit, so a lock left by a build killed a minute ago would hold this process for ever; waiting here
+    first bounds that at STALE_LOCK_S."""
+    while (folder / "lock").exists() and not clear_stale_lock(folder, clock()):
+        sleep(poll_s)
 
 
 def _find_ninja() -> None:

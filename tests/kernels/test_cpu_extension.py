@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from engine.kernels import cpu_norm, cpu_seam
-from engine.kernels.cpu_extension import STALE_LOCK_S, CpuKernel, clear_stale_lock
+from engine.kernels.cpu_extension import STALE_LOCK_S, CpuKernel, clear_stale_lock, wait_out_lock
 
 KERNELS = [(cpu_seam, "v41viz_cpu_seam", "CPU mHC seam kernel"),
            (cpu_norm, "v41viz_cpu_norm", "CPU few-row RMSNorm kernel")]
@@ -57,6 +57,26 @@ def test_a_killed_builds_lock_is_removed_and_a_live_one_kept(tmp_path):
         assert clear_stale_lock(tmp_path, now + STALE_LOCK_S + 60)
     assert not lock.exists()
     assert not clear_stale_lock(tmp_path, now)                                        # nothing there: nothing to do
+
+
+def test_a_young_lock_left_behind_is_waited_out_for_a_bounded_time(tmp_path):
+    """A lock a killed build left a minute ago: the process waits, then removes it once it is STALE_LOCK_S old
+    (torch's own wait would never end); a lock whose build finishes meanwhile ends the wait with it."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    clock = [lock.stat().st_mtime + 60]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    with pytest.warns(RuntimeWarning, match="did not finish"):
+        wait_out_lock(tmp_path, poll_s=30, clock=lambda: clock[0], sleep=sleep)
+    assert not lock.exists() and STALE_LOCK_S - 60 <= sum(slept) <= STALE_LOCK_S
+    lock.touch()
+    wait_out_lock(tmp_path, poll_s=1, clock=lambda: clock[0], sleep=lambda s: lock.unlink())   # a live build ends
+    assert not lock.exists()
 
 
 def test_each_source_text_builds_in_its_own_folder(tmp_path, monkeypatch):
