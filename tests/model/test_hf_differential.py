@@ -28,7 +28,7 @@ from engine.checkpoint.hf_layout import hf_folder, load_hf_checkpoint
 from engine.model import EngineOptions, Transformer, init_weights
 from engine.model.indexer import Indexer
 from engine.spec.config import config_from_dict
-from engine.speedups import prepare_for_inference
+from engine.speedups import fast_indexer, prepare_for_inference
 from tests.hf_helpers import hf_logits, hf_twin
 from tests.model_helpers import random_tokens
 
@@ -84,16 +84,19 @@ def compare(ours: torch.Tensor, theirs: torch.Tensor) -> tuple[float, float]:
 
 @pytest.fixture
 def index_scores(monkeypatch):
-    """Records every (scores [B, s, W], visible [B, s]) the engine's indexers rank."""
+    """Records every (scores [B, s, W], visible [B, s]) the engine's indexers rank: the model code's Indexer._scores
+    and the fast indexer's in-place form of it."""
     seen = []
-    scores_of = Indexer._scores
 
-    def recording(q, w, keys, visible):
-        scores = scores_of(q, w, keys, visible)
-        seen.append((scores, visible))
+    def recording(scores_of):
+        def scores(q, w, keys, visible):
+            out = scores_of(q, w, keys, visible)
+            seen.append((out, visible))
+            return out
         return scores
 
-    monkeypatch.setattr(Indexer, "_scores", staticmethod(recording))
+    monkeypatch.setattr(Indexer, "_scores", staticmethod(recording(Indexer._scores)))
+    monkeypatch.setattr(fast_indexer, "scores_in_place", recording(fast_indexer.scores_in_place))
     return seen
 
 
