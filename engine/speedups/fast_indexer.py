@@ -27,8 +27,8 @@ class FastIndexer(Indexer):
     * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit;
     * a long call (a prefill) scores each block of queries against the rows its last query can see, not the
       call's whole width (causal: the rest would be −inf, so the picks are the same; half the S·S/ratio scores),
-      and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort; its scores reuse one
-      [B, block, h, seen] buffer (scores_in_place), the candidate mask is written block by block, and at long
+      and picks the top-k by threshold (engine.speedups.fast_topk), not by a stable sort; its scores' elementwise
+      steps run in place (scores_in_place), the candidate mask is written block by block, and at long
       widths the query blocks shrink so that a block's scores stay under SCORE_BLOCK_BYTES (block_rows): a long
       prefill holds the chunk's bool candidate mask and one block's scores, under engine.plan's "index scores"
       term (a chunk's fp32 scores).
@@ -116,7 +116,7 @@ def block_rows(query_block: int, values_per_row: int) -> int:
 
 def scores_in_place(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Indexer._scores with its elementwise steps in place: the same values, one [B, s, h, W] buffer instead of
-    three alive at once (at 32k tokens each is a few hundred MB)."""
+    three alive at once (a 256-row block's is 64 MB at 32k tokens and two index heads)."""
     scores = torch.einsum("bshd,btd->bsht", upcast(q), keys)                     # [B, s, h, W]
     scores = scores.relu_().mul_(upcast(w).unsqueeze(-1)).sum(2)                 # [B, s, W]
     invisible = torch.arange(keys.size(1), device=keys.device) >= visible.unsqueeze(-1)
