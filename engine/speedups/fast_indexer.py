@@ -23,7 +23,7 @@ class FastIndexer(Indexer):
       queries or scoring keys. A candidate source then publishes no candidate mask; its readers share its index
       keys, hence its width, and take this shortcut too;
     * otherwise RoPE as one matmul (engine.speedups.fast_rope, up to MAX_ROTATED_POSITIONS) and the reference's
-      query-block loop (scores still come from Indexer._scores);
+      query-block loop (scores_in_place: Indexer._scores's values);
     * FP4 rounding of queries and keys in half the ops (engine.speedups.fast_quant), bit for bit;
     * a long call (a prefill) scores each block of queries against the rows its last query can see, not the
       call's whole width (causal: the rest would be −inf, so the picks are the same; half the S·S/ratio scores),
