@@ -65,22 +65,17 @@ def is_cjk(ch: str) -> bool:
     return in_ranges(ord(ch), CJK_BLOCKS)
 
 
-def vocabulary_cjk_ranks() -> dict[str, int]:
-    """CJK character -> the lowest id of a token of the shipped tokenizer whose text holds it (added tokens too).
+def vocabulary_cjk_chars() -> set[str]:
+    """The CJK characters of the shipped tokenizer's tokens (added tokens too).
 
     A token's text is its byte-level string turned back into bytes and decoded as UTF-8; a character split across
     tokens appears whole in some other token or not at all (then a prompt shows it, which the common sets cover)."""
     from engine.text.tokenizer import Tokenizer, byte_level_alphabet
     tokenizer, alphabet = Tokenizer(), byte_level_alphabet()
-    ranks: dict[str, int] = {}
     # Special tokens (`<｜User｜>`) are written as text, BPE tokens in the byte-level alphabet.
-    texts = [(i, bytes(alphabet[c] for c in tok).decode("utf-8", errors="ignore") if set(tok) <= alphabet.keys()
-              else tok) for tok, i in tokenizer.backend.get_vocab(with_added_tokens=True).items()]
-    for i, text in texts:
-        for ch in text:
-            if is_cjk(ch) and i < ranks.get(ch, 1 << 30):
-                ranks[ch] = i
-    return ranks
+    texts = [bytes(alphabet[c] for c in tok).decode("utf-8", errors="ignore") if set(tok) <= alphabet.keys() else tok
+             for tok in tokenizer.backend.get_vocab(with_added_tokens=True)]
+    return {ch for text in texts for ch in text if is_cjk(ch)}
 
 
 def codec_chars(codec: str, rows: range, cols: range = range(0xA1, 0xFF)) -> list[str]:
@@ -101,7 +96,7 @@ def common_chars() -> list[str]:
             + codec_chars("euc_kr", range(0xB0, 0xC9)))
 
 
-def slices(chars: dict[str, int]) -> list[tuple[str, list[int]]]:
+def slices(chars: set[str]) -> list[tuple[str, list[int]]]:
     """(name, code points) per file: symbols, kana, Hangul, then Han in code point order, HAN_SLICE per file (so
     that each file's unicodeRange is a few spans: see claimed_ranges)."""
     groups: dict[str, list[int]] = {"symbols": [], "kana": [], "hangul": [], "han": []}
@@ -233,15 +228,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.source.is_file():
         raise SystemExit(f"{args.source} is missing: apt-get install -y fonts-noto-cjk (or pass --source)")
     cmap = load_source(args.source).getBestCmap()
-    ranks = vocabulary_cjk_ranks()
-    vocabulary = set(ranks)
-    for n, ch in enumerate(common_chars()):
-        ranks.setdefault(ch, (1 << 20) + n)
+    vocabulary = vocabulary_cjk_chars()
+    wanted = vocabulary | set(common_chars())
     for lo, hi in ((0x3000, 0x303F), (0xFF01, 0xFF60), (0xFFE0, 0xFFE6), (0x3040, 0x30FF)):
-        for cp in range(lo, hi + 1):
-            ranks.setdefault(chr(cp), 1 << 21)
+        wanted |= {chr(cp) for cp in range(lo, hi + 1)}
     missing = sorted(ch for ch in vocabulary if ord(ch) not in cmap)
-    chars = {ch: r for ch, r in ranks.items() if is_cjk(ch) and ord(ch) in cmap}
+    chars = {ch for ch in wanted if is_cjk(ch) and ord(ch) in cmap}
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for old in OUT_DIR.glob("*.woff2"):
         old.unlink()

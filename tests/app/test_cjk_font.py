@@ -86,7 +86,7 @@ def test_covers_punctuation_kana_fullwidth_bars_and_the_common_hanzi():
 
 @pytest.mark.slow  # loads the 129,280-id tokenizer and decodes every token [~3 s]
 def test_covers_every_cjk_character_of_the_tokenizer_vocabulary():
-    vocabulary = {ord(ch) for ch in build.vocabulary_cjk_ranks()}
+    vocabulary = {ord(ch) for ch in build.vocabulary_cjk_chars()}
     assert len(vocabulary) > 5000
     assert {0xFF5C, 0x2581} <= vocabulary    # the bars and `▁` of `<｜begin▁of▁sentence｜>`
     assert not vocabulary - covered(), "".join(map(chr, sorted(vocabulary - covered())))[:200]
