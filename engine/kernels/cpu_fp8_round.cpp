@@ -43,7 +43,7 @@ torch::Tensor fp8_round(const torch::Tensor& x, int64_t block, double recip_max)
   const float* xs = x.data_ptr<float>();
   float* ys = out.data_ptr<float>();
   const float recip = static_cast<float>(recip_max);
-  const int64_t blocks = block ? x.numel() / block : 0;
+  const int64_t blocks = x.numel() / block;   // block > 0: checked above
   at::parallel_for(0, blocks, 256, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
       const float* v = xs + b * block;
