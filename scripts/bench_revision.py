@@ -86,7 +86,19 @@ def checked_out(commit: str):
 
 
 def side_env(tree: Path, threads: int) -> dict:
-    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads), **kernel_cache_env(tree)}
+
+
+def kernel_cache_env(tree: Path) -> dict:
+    """Where a side's CPU C++ kernels build. An engine that builds them under an fcntl lock from a copy of the source
+    (engine.kernels.cpu_extension, `build.flock`) shares the working tree's cache safely. An older one builds from
+    its own source path under torch's lock alone: in the shared cache it would rebuild the working tree's builds on
+    every switch of side, and could be told its live build is a leftover, so it gets a cache folder of its own, beside
+    its temporary worktree (removed with it)."""
+    builder = tree / "engine" / "kernels" / "cpu_extension.py"
+    if tree == ROOT or (builder.is_file() and "build.flock" in builder.read_text()):
+        return {}
+    return {"TORCH_EXTENSIONS_DIR": str(tree.parent / "torch_extensions")}
 
 
 def bench_flags(tree: Path, label: str) -> set[str]:

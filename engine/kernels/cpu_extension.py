@@ -5,24 +5,26 @@ needed; about 20 s) into torch's extension cache, and later processes only load 
 scripts/setup.sh builds every kernel, so that no first forward waits for the compiler. Where a build fails the
 engine keeps the kernel's Python path and says why once. V41VIZ_CPU_KERNELS=0 turns every kernel off.
 
-Each source text builds in its own folder of the cache (NAME-<sha256 of the source>), so two checkouts or versions
-never rebuild over each other. torch's builder holds a `lock` file while it compiles and a process that finds one
-waits until it goes; a build killed half-way (Ctrl-C, a timeout) leaves it behind, and every later process would
-wait forever. A lock older than STALE_LOCK_S, many times a build's length, is such a leftover: it is removed, with a
-warning that names it; a process that finds a younger one waits until it goes or grows that old (wait_out_lock)."""
+Each source text builds in its own folder of the cache (NAME-<sha256 of the source>), from a copy of the source kept in
+that folder: two checkouts or versions of the same text share one build and never rebuild over each other (torch
+rebuilds when a source's path changes). Builds are serialised by an fcntl lock on `build.flock` in the folder, which
+the kernel releases when its holder exits, however it ends. torch's builder keeps its own `lock` file while it compiles
+and a process that finds one waits for it with no limit; a build killed half-way (Ctrl-C, a timeout, a server stopped)
+leaves it behind. A process holding the fcntl lock knows no build is under way, so a `lock` it finds is such a
+leftover: it is removed, with a warning that names it."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
 import shutil
-import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 FLAGS = ["-O2", "-ffp-contract=off"]   # no fused multiply-adds: the Python paths round every product
-STALE_LOCK_S = 600                     # a build takes about 20 s (a minute on a loaded 2-core machine)
 
 
 def disabled() -> bool:
@@ -54,9 +56,14 @@ class CpuKernel:
             _find_ninja()
             folder = self.build_folder()
             folder.mkdir(parents=True, exist_ok=True)
-            wait_out_lock(folder)
-            module = load(self.name, sources=[str(self.source)], extra_cflags=FLAGS, verbose=False,
-                          build_directory=str(folder))
+            with build_lock(folder):
+                source = folder / self.source.name
+                if not source.exists():
+                    staged = folder / f"{self.source.name}.part"
+                    shutil.copyfile(self.source, staged)
+                    staged.replace(source)
+                module = load(self.name, sources=[str(source)], extra_cflags=FLAGS, verbose=False,
+                              build_directory=str(folder))
         except Exception as e:  # no compiler, no ninja, an unwritable cache: the Python path stays
             lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [repr(e)]
             said = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"   # a compiler's output: its ends
@@ -74,29 +81,23 @@ class CpuKernel:
         return Path(root) / f"{self.name}-{digest}"
 
 
-def clear_stale_lock(folder: Path, now: float | None = None) -> bool:
-    """Remove the builder's `lock` in `folder` when it is older than STALE_LOCK_S (a killed build's leftover);
-    True if one was removed. A younger lock is a build under way elsewhere: left for the builder to wait on."""
-    lock = folder / "lock"
-    try:
-        age = (time.time() if now is None else now) - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age <= STALE_LOCK_S:
-        return False
-    lock.unlink(missing_ok=True)
-    warnings.warn(f"removed {lock}, left {age / 60:.0f} minutes ago by a build that did not finish; building again",
-                  RuntimeWarning, stacklevel=2)
-    return True
-
-
-def wait_out_lock(folder: Path, poll_s: float = 2.0, clock=time.time, sleep=time.sleep) -> None:
-    """Return once `folder` has no builder's `lock`: another process's build finished (its lock removed), or the
-    lock grew older than STALE_LOCK_S and clear_stale_lock removed it. torch's builder, finding a lock, waits for
-    it with no limit, so a lock left by a build killed a minute ago would hold this process for ever; waiting here
-    first bounds that at STALE_LOCK_S."""
-    while (folder / "lock").exists() and not clear_stale_lock(folder, clock()):
-        sleep(poll_s)
+@contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold the build folder's fcntl lock (waiting while another process builds or loads there); torch's `lock` file
+    found inside is a killed build's leftover, removed with a warning. (No fcntl, as on Windows: the ImportError
+    keeps the Python path.)"""
+    import fcntl
+    with open(folder / "build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            leftover = folder / "lock"
+            if leftover.exists():
+                leftover.unlink(missing_ok=True)
+                warnings.warn(f"removed {leftover}, left by a build that did not finish; building again",
+                              RuntimeWarning, stacklevel=3)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _find_ninja() -> None:

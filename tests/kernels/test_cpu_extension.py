@@ -1,13 +1,19 @@
 """The builder of the engine's CPU C++ kernels (engine.kernels.cpu_extension.CpuKernel): a failed build warns once
-with its reason, naming the kernel and what runs instead, and V41VIZ_CPU_KERNELS=0 turns every kernel off."""
+with its reason, naming the kernel and what runs instead; V41VIZ_CPU_KERNELS=0 turns every kernel off; a build killed
+half-way holds no later process up; checkouts of one source share its build."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
 from engine.kernels import cpu_norm, cpu_seam
-from engine.kernels.cpu_extension import STALE_LOCK_S, CpuKernel, clear_stale_lock, wait_out_lock
+from engine.kernels.cpu_extension import CpuKernel
 
 KERNELS = [(cpu_seam, "v41viz_cpu_seam", "CPU mHC seam kernel"),
            (cpu_norm, "v41viz_cpu_norm", "CPU few-row RMSNorm kernel")]
@@ -48,35 +54,71 @@ def test_every_kernel_can_be_turned_off(kernel, name, what, monkeypatch):
         kernel.load.cache_clear()
 
 
-def test_a_killed_builds_lock_is_removed_and_a_live_one_kept(tmp_path):
-    lock = tmp_path / "lock"
-    lock.touch()
-    now = lock.stat().st_mtime
-    assert not clear_stale_lock(tmp_path, now + STALE_LOCK_S) and lock.exists()      # a build under way: wait for it
-    with pytest.warns(RuntimeWarning, match="left 11 minutes ago by a build that did not finish"):
-        assert clear_stale_lock(tmp_path, now + STALE_LOCK_S + 60)
-    assert not lock.exists()
-    assert not clear_stale_lock(tmp_path, now)                                        # nothing there: nothing to do
+HOLDER = """
+import fcntl, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+handle = open(folder / "build.flock", "a")
+fcntl.flock(handle, fcntl.LOCK_EX)
+(folder / "lock").touch()        # torch's own lock, as a build in progress writes it
+print("holding", flush=True)
+time.sleep(600)
+"""
 
 
-def test_a_young_lock_left_behind_is_waited_out_for_a_bounded_time(tmp_path):
-    """A lock a killed build left a minute ago: the process waits, then removes it once it is STALE_LOCK_S old
-    (torch's own wait would never end); a lock whose build finishes meanwhile ends the wait with it."""
-    lock = tmp_path / "lock"
-    lock.touch()
-    clock = [lock.stat().st_mtime + 60]
-    slept = []
+def test_a_build_killed_half_way_holds_no_one_up(tmp_path, monkeypatch):
+    """A process building a kernel is killed (SIGKILL) with torch's `lock` left in the folder: a process that was
+    waiting for it goes on at once, removes the leftover (torch's builder would wait on it for ever) and builds."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "k.cpp"
+    source.write_text("int f() { return 1; }\n")
+    kernel = CpuKernel("v41viz_probe", source, "probe kernel", "the Python path runs")
+    folder = kernel.build_folder()
+    folder.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        import torch.utils.cpp_extension as cpp_extension
+        calls = []
 
-    def sleep(s):
-        slept.append(s)
-        clock[0] += s
+        def fake_load(name, sources, build_directory, **kw):
+            calls.append((sources, (Path(build_directory) / "lock").exists()))
+            return "module"
 
-    with pytest.warns(RuntimeWarning, match="did not finish"):
-        wait_out_lock(tmp_path, poll_s=30, clock=lambda: clock[0], sleep=sleep)
-    assert not lock.exists() and STALE_LOCK_S - 60 <= sum(slept) <= STALE_LOCK_S
-    lock.touch()
-    wait_out_lock(tmp_path, poll_s=1, clock=lambda: clock[0], sleep=lambda s: lock.unlink())   # a live build ends
-    assert not lock.exists()
+        monkeypatch.setattr(cpp_extension, "load", fake_load)
+        result = []
+        waiter = threading.Thread(target=lambda: result.append(kernel.load()))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            waiter.start()
+            waiter.join(1.0)
+            assert waiter.is_alive() and not calls            # a build under way: waited for
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(10)
+            waiter.join(10)
+        assert not waiter.is_alive() and result == ["module"]
+        assert calls == [([str(folder / "k.cpp")], False)]    # the leftover lock removed before the build
+        assert [str(w.message) for w in caught if w.category is RuntimeWarning] == [
+            f"removed {folder / 'lock'}, left by a build that did not finish; building again"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_two_checkouts_of_one_source_build_it_from_one_path(tmp_path, monkeypatch):
+    """torch rebuilds an extension when a source's path changes: the same text from two checkouts (a worktree, a
+    clone, the benchmark's older revision) is built from the copy in its cache folder, so neither rebuilds."""
+    import torch.utils.cpp_extension as cpp_extension
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, sources, **kw: seen.append(sources) or "module")
+    for checkout in ("a", "b"):
+        source = tmp_path / checkout / "k.cpp"
+        source.parent.mkdir()
+        source.write_text("int f() { return 1; }\n")
+        assert CpuKernel("v41viz_probe", source, "probe kernel", "the Python path runs").load() == "module"
+    assert seen[0] == seen[1] and Path(seen[0][0]).read_text() == "int f() { return 1; }\n"
+    assert Path(seen[0][0]).parent.parent == tmp_path / "cache"
 
 
 def test_each_source_text_builds_in_its_own_folder(tmp_path, monkeypatch):
