@@ -2,10 +2,12 @@
 
     .venv/bin/python scripts/bench_dspark.py [--repeats 5] [--new-tokens 64] [--prompts 8] [--threads 1]
         [--temperature 0] [--repetition-penalty 1] [--checkpoint checkpoints/default] [--data data/shakespeare]
-        [--compile] [--json OUT] [--results OUT]
+        [--phase 0.5] [--trace] [--compile] [--json OUT] [--results OUT]
 
 The prompts are the model card's (engine.training.card_prompts: speech openings spread evenly over the held-out works
-of the prepared corpus, which no training step saw). One process, one thread: every repeat runs each prompt in the
+of the prepared corpus, which no training step saw); --phase P takes others from the same works, the opening at
+(i + P) / count of the way through them (the card's P is 0.5), so a choice of prompts that suits the drafter is
+checked against fresh ones. One process, one thread: every repeat runs each prompt in the
 three modes back to back (plain, DSpark with the auto schedule, DSpark verifying all drafts; the order rotates with
 the repeat), so a change of machine load reaches the modes of a pair alike; the ratios are per pair (mode / plain
 of the same prompt and repeat) and the table shows their median and range. Decode tokens/s counts the tokens after
@@ -20,6 +22,11 @@ the repeat's number as the seed in every mode: DSpark keeps the target's distrib
 modes decode different text (the column reads `no` by design) and a prompt's ratios vary with what each mode drew;
 the repeats draw other text, which their median averages over. --repetition-penalty P decodes under that penalty in
 every mode (lossless too: at T = 0 the outputs stay identical).
+
+--trace adds two modes to each round: plain decoding and DSpark's auto schedule, each recording the Inspect page's
+trace (every layer, attention, top-5 logits and the logit lens, DSpark's drafts and verdicts). A second table gives
+each one's trace overhead per pair (the same prompt and repeat, untraced beside it): the whole call's wall time
+traced / untraced, and decode's step time traced / untraced; traced and untraced runs must give the same tokens.
 
 --compile runs every mode's decode steps through torch.compile (plain steps; DSpark's verify blocks, drafts and the
 auto schedule's plain steps): the ratios then compare compiled DSpark with compiled plain decoding. The warm-up
@@ -39,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MODES = ("plain", "auto", "all")
+TRACED = ("plain traced", "auto traced")          # --trace: the Inspect page's trace on plain decoding and auto
 RATIOS = ("auto", "all", "auto_cpu", "all_cpu")   # mode / plain in tokens/s, plain / mode in CPU seconds
 
 
@@ -53,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every mode (each repeat seeded with its number)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="every mode's repetition penalty (1 = off)")
+    p.add_argument("--phase", type=float, default=0.5,
+                   help="which held-out speech openings: the one at (i + PHASE) / count of the way through the "
+                        "held-out works (0.5, the default, is the model card's; another phase gives fresh ones)")
+    p.add_argument("--trace", action="store_true", help="add traced plain and auto runs and their trace overhead")
     p.add_argument("--compile", action="store_true", help="every mode through torch.compile (see above)")
     p.add_argument("--json", help="also write the per-run numbers to this file")
     p.add_argument("--results", help="also write the table as a results file (docs/results/dspark.json)")
@@ -61,12 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--repeats, --prompts and --threads must be at least 1, --new-tokens at least 2")
     if not (0 <= args.temperature < float("inf")) or not (0 < args.repetition_penalty < float("inf")):
         p.error("--temperature must be a finite number of at least 0, --repetition-penalty a finite positive one")
+    if not 0 <= args.phase < 1:
+        p.error("--phase must lie in [0, 1)")
     return args
 
 
-def held_out_prompts(engine, data: Path, count: int) -> list[str]:
-    """The card's prompts from the corpus the checkpoint was trained on (the card's checks: it exists, and its ids
-    mean what the checkpoint's do)."""
+def held_out_prompts(engine, data: Path, count: int, phase: float = 0.5) -> list[str]:
+    """Held-out prompts from the corpus the checkpoint was trained on, the card's at phase 0.5 (the card's checks:
+    the corpus exists, and its ids mean what the checkpoint's do)."""
     from engine.spec.errors import InputError
     from engine.training.card import check_same_vocabulary
     from engine.training.card_prompts import heldout_prompts
@@ -78,18 +92,24 @@ def held_out_prompts(engine, data: Path, count: int) -> list[str]:
         check_same_vocabulary(engine, data)
     except InputError as e:
         raise SystemExit(f"error: {e}") from None
-    return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count)
+    return heldout_prompts(engine.tokenizer.decode(load_tokens(data)["heldout"].tolist()), count, phase=phase)
 
 
 def run(engine, ids: list[int], mode: str, configs: dict, new_tokens: int, compiled: bool = False,
         sampling: dict | None = None, seed: int = 0) -> dict:
+    """One generate call in `mode` (a MODES or TRACED name): its tokens, decode tokens/s, wall and CPU seconds,
+    and DSpark's accepted length and steps."""
     from engine.request import GenerationRequest
-    request = GenerationRequest.of(new_tokens, stop_tokens=(), dspark=configs[mode], compiled=compiled, seed=seed,
-                                   **(sampling or {}))
-    cpu = time.thread_time()
+    from engine.trace import Trace, TraceBudget
+    base = mode.removesuffix(" traced")
+    trace = Trace(TraceBudget(max_tokens=None, attention=True, lens=True)) if mode in TRACED else None
+    request = GenerationRequest.of(new_tokens, stop_tokens=(), dspark=configs[base], compiled=compiled, seed=seed,
+                                   trace=trace, **(sampling or {}))
+    cpu, wall = time.thread_time(), time.perf_counter()
     res = engine.generate([ids], request)
-    out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu}
-    if mode != "plain":
+    out = {"tokens": res.tokens[0], "tokens_per_s": res.decode_tokens_per_s, "cpu_s": time.thread_time() - cpu,
+           "wall_s": time.perf_counter() - wall}
+    if base != "plain":
         m = res.metrics
         out.update(accepted_length=m.mean_accepted_length, drafting_steps=m.steps, plain_steps=res.plain_steps)
     return out
@@ -121,7 +141,38 @@ def result_rows(prompts: list[str], runs: list[dict], sampled: bool = False) -> 
                      "auto_steps": sum(r["auto"]["plain_steps"] + r["auto"]["drafting_steps"] for r in mine),
                      "identical": "yes" if same else "no (sampled)" if sampled else "NO"})
     rows.append({"prompt": "all prompts", **{key: spread(every[key]) for key in RATIOS}})
+    if any(TRACED[0] in r for r in runs):
+        for i, row in enumerate(rows):
+            row["trace_overhead"] = trace_overheads([r for r in runs if i == len(prompts) or r["prompt"] == i])
     return rows
+
+
+def trace_overheads(runs: list[dict]) -> dict:
+    """Per traced mode, over the runs' pairs (traced beside its untraced mode, same prompt and repeat): the whole
+    call's wall time traced / untraced and decode's step time traced / untraced (spreads), and whether every pair
+    gave the same tokens."""
+    from engine.bench.results_file import spread
+    out = {}
+    for mode in TRACED:
+        base = mode.removesuffix(" traced")
+        out[base] = {"wall": spread([r[mode]["wall_s"] / r[base]["wall_s"] for r in runs]),
+                     "decode": spread([r[base]["tokens_per_s"] / r[mode]["tokens_per_s"] for r in runs]),
+                     "same_tokens": all(r[mode]["tokens"] == r[base]["tokens"] for r in runs)}
+    return out
+
+
+def overhead_table(rows: list[dict]) -> list[str]:
+    """The Markdown table of the rows' trace overheads (--trace)."""
+    def cell(s):
+        return f"×{s['median']:.2f} (×{s['min']:.2f}–×{s['max']:.2f})"
+    lines = ["| prompt | plain: wall | plain: decode step | auto: wall | auto: decode step | same tokens |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        o = row["trace_overhead"]
+        same = "yes" if all(o[b]["same_tokens"] for b in ("plain", "auto")) else "NO"
+        lines.append(f"| {row['prompt']} | {cell(o['plain']['wall'])} | {cell(o['plain']['decode'])} | "
+                     f"{cell(o['auto']['wall'])} | {cell(o['auto']['decode'])} | {same} |")
+    return lines
 
 
 def table(prompts: list[str], runs: list[dict], sampled: bool = False) -> list[str]:
@@ -153,14 +204,15 @@ def main(argv=None) -> int:
     recorder = ResultsRecorder(args.results, "dspark", "scripts/bench_dspark.py", argv)
     torch.set_num_threads(args.threads)
     engine = Engine.load(checkpoint=args.checkpoint)
-    prompts = held_out_prompts(engine, Path(args.data), args.prompts)
+    prompts = held_out_prompts(engine, Path(args.data), args.prompts, args.phase)
     if stored_table(engine.model) is None:
         print(f"profiling this machine's steps/s table into {table_path(engine.model)} ...", file=sys.stderr)
     configs = {"plain": None, "auto": DSparkConfig.from_settings("auto", model=engine.model),
                "all": DSparkConfig("all")}
     ids = [engine.encode_prompt(p) for p in prompts]
     sampling = {"temperature": args.temperature, "repetition_penalty": args.repetition_penalty}
-    for mode in MODES if args.compile else ("auto", "plain"):       # warm-up: every path once (compiled: every graph)
+    modes = MODES + TRACED if args.trace else MODES
+    for mode in modes if args.compile else ("auto", "plain"):       # warm-up: every path once (compiled: every graph)
         run(engine, ids[0], mode, configs, args.new_tokens if args.compile else 8, args.compile, sampling)
     for prompt_ids in ids[1:] if args.compile else ():              # the auto schedule's plain steps, if it takes any
         run(engine, prompt_ids, "auto", configs, args.new_tokens, True, sampling)
@@ -168,7 +220,7 @@ def main(argv=None) -> int:
     runs = []
     for rep in range(args.repeats):
         for i, prompt_ids in enumerate(ids):
-            order = MODES[rep % 3:] + MODES[:rep % 3]
+            order = modes[rep % len(modes):] + modes[:rep % len(modes)]
             runs.append({"repeat": rep, "prompt": i,
                          **{mode: run(engine, prompt_ids, mode, configs, args.new_tokens, args.compile, sampling,
                                                 seed=rep)
@@ -188,11 +240,14 @@ def main(argv=None) -> int:
           f"{', '.join(f'{1000 / sps(s):.1f}' for s in range(1, gamma + 2))} ms, a draft step "
           f"{1000 * sps.draft_cost(1):.1f} ms")
     print("\n".join(table(prompts, runs, sampled=args.temperature > 0)))
-    recorder.write(result_rows(prompts, runs, sampled=args.temperature > 0), args.threads, settings={
+    rows = result_rows(prompts, runs, sampled=args.temperature > 0)
+    if args.trace:
+        print("\ntrace overhead (traced / untraced, per pair):\n" + "\n".join(overhead_table(rows)))
+    recorder.write(rows, args.threads, settings={
         "checkpoint": Path(args.checkpoint).name, "temperature": args.temperature,
         "repetition_penalty": args.repetition_penalty, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "compile": args.compile, "verify_ms": [1000 / sps(s) for s in range(1, gamma + 2)],
-        "draft_ms": 1000 * sps.draft_cost(1)})
+        "compile": args.compile, "phase": args.phase, "trace": args.trace,
+        "verify_ms": [1000 / sps(s) for s in range(1, gamma + 2)], "draft_ms": 1000 * sps.draft_cost(1)})
     if args.json:
         Path(args.json).write_text(json.dumps({"prompts": prompts, "runs": runs, "load_average": [load_before,
                                                                                                   load_after]}))

@@ -85,6 +85,16 @@ def revision(r: dict, view: str) -> list[str]:
 def dspark(r: dict, view: str) -> list[str]:
     def ratio(s):
         return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+    if view == "trace":   # --trace: each traced mode against its untraced run, per pair
+        def times(s):
+            return f"×{s['median']:.2f} (×{s['min']:.2f}–×{s['max']:.2f})"
+        modes = ("plain", "auto")
+        rows = [[f"**{row['prompt']}**" if row is r["rows"][-1] else row["prompt"],
+                 *(times(row["trace_overhead"][mode][what]) for mode in modes for what in ("wall", "decode")),
+                 "yes" if all(row["trace_overhead"][mode]["same_tokens"] for mode in modes) else "**no**"]
+                for row in r["rows"]]
+        return table(["prompt", "plain: wall", "plain: decode step", "DSpark auto: wall", "DSpark auto: decode step",
+                      "same tokens"], rows)
     keys = ("auto", "all", "auto_cpu", "all_cpu")
     rows = [[row["prompt"], f"{row['plain_tokens_per_s']:.1f}", *(ratio(row[k]) for k in keys),
              f"{row['accepted_length']['auto']:.2f} / {row['accepted_length']['all']:.2f}",

@@ -56,3 +56,36 @@ def test_differing_outputs_read_as_drawn_when_sampling_and_as_a_failure_when_gre
     rows = script.result_rows(["P"], runs)                # what --results writes: the table's rows, unformatted
     assert rows[0]["identical"] == "yes" and rows[0]["auto"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert rows[-1]["prompt"] == "all prompts" and set(rows[-1]) == {"prompt", "auto", "all", "auto_cpu", "all_cpu"}
+
+
+def test_traced_modes_record_the_inspect_pages_trace_and_report_their_overhead_per_pair():
+    script, calls = load_script(), []
+
+    class Engine:
+        def generate(self, prompts, request):
+            calls.append(request)
+            metrics = SimpleNamespace(mean_accepted_length=4.0, steps=3)
+            return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=0)
+
+    configs = {"plain": None, "auto": object()}
+    traced = script.run(Engine(), [1, 2], "auto traced", configs, 8)
+    script.run(Engine(), [1, 2], "plain", configs, 8)
+    assert calls[0].dspark is configs["auto"] and calls[1].trace is None and traced["accepted_length"] == 4.0
+    budget = calls[0].trace.budget
+    assert budget.attention and budget.lens and budget.max_tokens is None    # what the Inspect page records
+
+    def mode(wall, rate, tokens=(1, 2)):
+        return {"tokens": list(tokens), "tokens_per_s": rate, "wall_s": wall, "cpu_s": wall,
+                "accepted_length": 4.0, "drafting_steps": 2, "plain_steps": 0}
+    runs = [{"repeat": rep, "prompt": 0, "plain": mode(1.0, 20.0), "plain traced": mode(1.1, 16.0),
+             "auto": mode(0.5, 40.0), "auto traced": mode(0.6 + rep / 10, 40.0), "all": mode(0.5, 40.0)}
+            for rep in range(3)]
+    rows = script.result_rows(["P"], runs)
+    over = rows[0]["trace_overhead"]
+    assert over["plain"]["wall"]["median"] == pytest.approx(1.1) and over["plain"]["decode"]["median"] == 1.25
+    assert over["auto"]["wall"] == pytest.approx({"median": 1.4, "min": 1.2, "max": 1.6})
+    assert over["auto"]["same_tokens"] and rows[-1]["trace_overhead"] == over      # one prompt: pooled = its own
+    runs[1]["auto traced"]["tokens"] = [1, 3]                                        # a trace that changed the text
+    rows = script.result_rows(["P"], runs)
+    assert not rows[0]["trace_overhead"]["auto"]["same_tokens"]
+    assert script.overhead_table(rows)[2].endswith("| NO |")
