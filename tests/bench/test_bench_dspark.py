@@ -13,6 +13,18 @@ def load_script():
     return script_module("bench_dspark.py")
 
 
+class FakeEngine:
+    """Records each generate call's request; every call gives the same tokens and DSpark figures."""
+
+    def __init__(self, accepted_length: float, plain_steps: int):
+        self.calls, self.accepted_length, self.plain_steps = [], accepted_length, plain_steps
+
+    def generate(self, prompts, request):
+        self.calls.append(request)
+        metrics = SimpleNamespace(mean_accepted_length=self.accepted_length, steps=3)
+        return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=self.plain_steps)
+
+
 @pytest.mark.parametrize("argv", [["--temperature", "-1"], ["--temperature", "nan"], ["--temperature", "inf"],
                                   ["--repetition-penalty", "0"], ["--repetition-penalty", "nan"],
                                   ["--repetition-penalty", "-2"]])
@@ -23,18 +35,12 @@ def test_bad_decoding_options_are_refused(argv, capsys):
 
 
 def test_each_mode_decodes_with_the_options_and_the_repeats_seed():
-    script, calls = load_script(), []
-
-    class Engine:
-        def generate(self, prompts, request):
-            calls.append(request)
-            metrics = SimpleNamespace(mean_accepted_length=2.0, steps=3)
-            return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=1)
-
+    script, engine = load_script(), FakeEngine(2.0, 1)
+    calls = engine.calls
     configs = {"plain": None, "all": object()}
     sampling = {"temperature": 0.7, "repetition_penalty": 1.3}
-    plain = script.run(Engine(), [1, 2], "plain", configs, 8, False, sampling, seed=4)
-    drafted = script.run(Engine(), [1, 2], "all", configs, 8, False, sampling, seed=4)
+    plain = script.run(engine, [1, 2], "plain", configs, 8, False, sampling, seed=4)
+    drafted = script.run(engine, [1, 2], "all", configs, 8, False, sampling, seed=4)
     assert [c.sampling.seed for c in calls] == [4, 4] and [c.dspark for c in calls] == [None, configs["all"]]
     assert all(c.sampling.temperature == 0.7 and c.sampling.repetition_penalty == 1.3 and c.max_new_tokens == 8
                and c.stop_tokens == () for c in calls)
@@ -59,17 +65,11 @@ def test_differing_outputs_read_as_drawn_when_sampling_and_as_a_failure_when_gre
 
 
 def test_traced_modes_record_the_inspect_pages_trace_and_report_their_overhead_per_pair():
-    script, calls = load_script(), []
-
-    class Engine:
-        def generate(self, prompts, request):
-            calls.append(request)
-            metrics = SimpleNamespace(mean_accepted_length=4.0, steps=3)
-            return SimpleNamespace(tokens=[[5, 6]], decode_tokens_per_s=10.0, metrics=metrics, plain_steps=0)
-
+    script, engine = load_script(), FakeEngine(4.0, 0)
+    calls = engine.calls
     configs = {"plain": None, "auto": object()}
-    traced = script.run(Engine(), [1, 2], "auto traced", configs, 8)
-    script.run(Engine(), [1, 2], "plain", configs, 8)
+    traced = script.run(engine, [1, 2], "auto traced", configs, 8)
+    script.run(engine, [1, 2], "plain", configs, 8)
     assert calls[0].dspark is configs["auto"] and calls[1].trace is None and traced["accepted_length"] == 4.0
     budget = calls[0].trace.budget
     assert budget.attention and budget.lens and budget.max_tokens is None    # what the Inspect page records
