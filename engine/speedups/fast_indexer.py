@@ -50,6 +50,7 @@ class FastIndexer(Indexer):
         S, k = x.size(1), self.topk
         step = block_rows(ctx.options.attn_query_block, x.size(0) * self.n_heads * width)
         starts = ctx.cached("starts", ctx.start.tolist)
+        scratch = ScoreScratch(x.size(0) * step * width, self.n_heads, keys)   # reused by every block of this call
         picks = []
         if role.candidate_source:   # filled block by block: no list of block masks to concatenate
             candidates = torch.zeros(x.size(0), S, width, dtype=torch.bool, device=x.device)   # [B, S, W]
@@ -58,7 +59,7 @@ class FastIndexer(Indexer):
             # causal: no query of this block sees a row past its last query's; those columns would be −inf
             seen = max((start + min(S, s0 + step)) // ratio for start in starts)
             vis = visible[:, sl]
-            scores = scores_in_place(q[:, sl], w[:, sl], keys[:, :seen], vis)               # [B, s, seen]
+            scores = scores_in_place(q[:, sl], w[:, sl], keys[:, :seen], vis, scratch)      # [B, s, seen]
             if role.candidate_source:
                 candidates[:, sl, :seen] = candidate_blocks(scores, vis, self.top_blocks, self.block)
             elif role.uses_candidates:
@@ -114,10 +115,34 @@ def block_rows(query_block: int, values_per_row: int) -> int:
     return max(min(query_block, fitting), min(query_block, MIN_BLOCK_ROWS))
 
 
-def scores_in_place(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+class ScoreScratch:
+    """The buffers of one indexer call's query blocks: their products [B·s·h·W] and scores [B·s·W] values at
+    most. Each block's scores are written into the same memory, so a long prefill's blocks (their widths differ,
+    `seen` grows block by block) leave no freed blocks of odd sizes behind for the heap to keep resident."""
+
+    def __init__(self, scores_per_block: int, heads: int, like: torch.Tensor) -> None:
+        """Buffers of `like`'s dtype (the keys': fp32, or float64 in a float64 model) and device."""
+        self.products = like.new_empty(scores_per_block * heads)
+        self.scores = like.new_empty(scores_per_block)
+
+    def views(self, batch: int, rows: int, heads: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, s·h, W] products and [B, s, W] scores over the buffers' first values."""
+        return (self.products[: batch * rows * heads * width].view(batch, rows * heads, width),
+                self.scores[: batch * rows * width].view(batch, rows, width))
+
+
+def scores_in_place(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
+                    scratch: ScoreScratch | None = None) -> torch.Tensor:
     """Indexer._scores with its elementwise steps in place: the same values, one [B, s, h, W] buffer instead of
-    three alive at once (a 256-row block's is 64 MB at 32k tokens and two index heads)."""
-    scores = torch.einsum("bshd,btd->bsht", upcast(q), keys)                     # [B, s, h, W]
-    scores = scores.relu_().mul_(upcast(w).unsqueeze(-1)).sum(2)                 # [B, s, W]
-    invisible = torch.arange(keys.size(1), device=keys.device) >= visible.unsqueeze(-1)
+    three alive at once (a 256-row block's is 64 MB at 32k tokens and two index heads). With `scratch` the products
+    and the scores are written into its buffers (the result is a view of them, valid until the next block's)."""
+    B, s, h, d = q.shape
+    W = keys.size(1)
+    if scratch is None:
+        scratch = ScoreScratch(B * s * W, h, keys)
+    products, scores = scratch.views(B, s, h, W)
+    torch.bmm(upcast(q).reshape(B, s * h, d), keys.transpose(1, 2), out=products)   # [B, s·h, W]
+    products = products.view(B, s, h, W).relu_().mul_(upcast(w).unsqueeze(-1))     # [B, s, h, W]
+    torch.sum(products, 2, out=scores)                                               # [B, s, W]
+    invisible = torch.arange(W, device=keys.device) >= visible.unsqueeze(-1)
     return scores.masked_fill_(invisible, float("-inf"))

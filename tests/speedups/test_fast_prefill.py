@@ -56,3 +56,31 @@ def test_long_prefill_equals_the_reference():
     assert len(traces["fast"].attn) == len(traces["ref"].attn)
     for f, r in zip(traces["fast"].attn, traces["ref"].attn, strict=True):
         assert torch.equal(f["topk"], r["topk"]), f["path"]
+
+
+def test_a_calls_query_blocks_score_into_one_buffer(monkeypatch):
+    """Every query block of one indexer call writes its scores into the same memory (fast_indexer.ScoreScratch),
+    so a long prefill's blocks, each wider than the last, leave no freed buffers of odd sizes for the heap to keep;
+    each block's scores equal those scored into buffers of their own."""
+    from engine.speedups import fast_indexer
+    blocks = []
+    score = fast_indexer.scores_in_place
+
+    def spy(q, w, keys, visible, scratch=None):
+        out = score(q, w, keys, visible, scratch)
+        assert scratch is not None and torch.equal(out, score(q, w, keys, visible))
+        blocks.append((scratch, out.data_ptr()))       # (each scratch kept alive: its id stays its own)
+        return out
+
+    monkeypatch.setattr(fast_indexer, "scores_in_place", spy)
+    a = tiny_args(vocab_size=2048, dspark_noise_token_id=2047)
+    model = Transformer(a, synthetic_token_map(a), options=EngineOptions(attn_query_block=16))
+    init_weights(model, 0)
+    model = apply_speedups(model.eval())
+    with torch.inference_mode():
+        model(random_tokens(1, 40, seed=5, vocab=2048), model.new_cache(1, 48))
+    calls: dict[int, set[int]] = {}
+    for scratch, pointer in blocks:
+        calls.setdefault(id(scratch), set()).add(pointer)
+    assert len(blocks) > len(calls) > 0                       # calls of several blocks
+    assert all(len(pointers) == 1 for pointers in calls.values())
