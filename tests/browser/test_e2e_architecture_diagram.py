@@ -7,6 +7,7 @@ import shutil
 import xml.etree.ElementTree as ET
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser_helpers import WAIT_PAGE, open_architecture
 
@@ -92,8 +93,10 @@ def test_zoom_fit_search_open_a_step_and_export(server, browser, screenshots, tm
     rope.click()
     panel = page.locator(".st-key-details_panel")
     panel.get_by_text("Rotary position embedding with YaRN").first.wait_for(timeout=WAIT_RERUN)
-    assert ("[B, S, 64, 512]" in panel.inner_text()
-            and "Engine source: engine.model.rope.apply_rope" in panel.inner_text())
+    # the title is drawn first; the rest of the panel follows within the same rerun (until then Streamlit still
+    # shows the previous box's elements below it), so wait for the step's own shape and source as a reader would
+    expect(panel).to_contain_text("[B, S, 64, 512]", timeout=WAIT_RERUN)
+    expect(panel).to_contain_text("Engine source: engine.model.rope.apply_rope", timeout=WAIT_RERUN)
     page.wait_for_function("() => location.search.includes('node=layers.3.attn.rope')", timeout=WAIT_RERUN)
     shot(page, "opened_step", screenshots)
     # export: the whole drawing as SVG (valid XML, every box, the legend shown) and as PNG
