@@ -50,7 +50,8 @@ class FastIndexer(Indexer):
         S, k = x.size(1), self.topk
         step = block_rows(ctx.options.attn_query_block, x.size(0) * self.n_heads * width)
         starts = ctx.cached("starts", ctx.start.tolist)
-        scratch = ScoreScratch(x.size(0) * step * width, self.n_heads, keys)   # reused by every block of this call
+        # reused by every block of this call; sized for its largest block (a decode step's is one row, not `step`)
+        scratch = ScoreScratch(x.size(0) * min(step, S) * width, self.n_heads, keys)
         picks = []
         if role.candidate_source:   # filled block by block: no list of block masks to concatenate
             candidates = torch.zeros(x.size(0), S, width, dtype=torch.bool, device=x.device)   # [B, S, W]
